@@ -1,0 +1,53 @@
+# mqfed: `make demo` and `make test` are the two commands a newcomer runs.
+# Everything they need is installed by `make install` (idempotent).
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+APT_PACKAGES := mosquitto mosquitto-dev libmosquitto-dev mosquitto-clients libcjson-dev \
+	etcd-server etcd-client haproxy valgrind gcc make python3-venv
+DEMO_NODES ?= 3
+DEMO_PORT ?= 1883
+PYTEST_ARGS ?=
+
+.PHONY: install apt venv plugin demo test lint clean
+
+install: apt venv plugin
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing Debian packages:" $$missing; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+		else \
+			echo "Missing Debian packages. Run as root:"; \
+			echo "  sudo apt-get update && sudo apt-get install -y $$missing"; \
+			exit 1; \
+		fi; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+plugin:
+	$(MAKE) -s -C deploy/mosquitto-plugin
+
+demo: install
+	$(VENV)/bin/mqfed up --nodes $(DEMO_NODES) --base-port $(DEMO_PORT)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+clean:
+	$(MAKE) -s -C deploy/mosquitto-plugin clean
+	rm -rf $(VENV) run .pytest_cache .hypothesis

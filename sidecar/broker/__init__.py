@@ -1,0 +1,1 @@
+"""The node's Mosquitto: config generation and process supervision."""

@@ -1,0 +1,258 @@
+"""Node configuration: a TOML file with environment overrides, validated strictly.
+
+Every key has a type and a default; an unknown section or key, or a value of the wrong
+type, is refused with a `ConfigError` naming it. Environment variables
+`MQFED_<SECTION>_<KEY>` (upper case) override the file; lists are comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and what is expected."""
+
+
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT with a port from 1 to 65535")
+    return value
+
+
+def _optional_address(value: str) -> str:
+    return value and _address(value)
+
+
+def _node_id(value: str) -> str:
+    if value and not NODE_ID_RE.match(value):
+        raise ValueError("expected 1-63 characters of letters, digits, '_', '.', '-'")
+    return value
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _tristate(value: str) -> str:
+    return _one_of("auto", "yes", "no")(value)
+
+
+def _positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError("expected a number above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    check: Callable[[Any], Any] | None = None
+    help: str = ""
+
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "node": {
+        "id": Key(str, "", _node_id, "this node's id, unique in the cluster"),
+        "cluster": Key(str, "mqfed", _node_id, "cluster id; peers of another cluster are refused"),
+        "run_dir": Key(str, "", None, "state, sockets, logs (default: run/<id> by the file)"),
+    },
+    "mqtt": {
+        "listen": Key(str, "127.0.0.1:1883", _optional_address, "client listener, '' for none"),
+        "include": Key(str, "", None, "your own Mosquitto settings (auth, ACL, TLS listeners)"),
+        "mosquitto": Key(str, "/usr/sbin/mosquitto", None, "the Mosquitto binary"),
+        "manage": Key(bool, True, None, "start and supervise Mosquitto (false: attach)"),
+        "plugin": Key(str, "", None, "path of mqfed_plugin.so (default: the built one)"),
+        "external_auth": Key(str, "auto", _tristate, "another authentication provider exists"),
+        "external_acl": Key(str, "auto", _tristate, "another ACL provider exists"),
+        "link_timeout": Key(float, 10.0, _positive, "seconds to wait for the local link"),
+    },
+    "grpc": {
+        "listen": Key(str, "127.0.0.1:7001", _address, "peer gRPC listener"),
+    },
+    "admin": {
+        "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
+        "metrics": Key(str, "127.0.0.1:9101", _optional_address, "Prometheus listener"),
+    },
+    "membership": {
+        "mode": Key(str, "etcd", _one_of("etcd", "static"), "etcd or a static peer list"),
+        "etcd": Key(list, ["127.0.0.1:2379"], None, "etcd endpoints HOST:PORT"),
+        "peers": Key(list, [], None, "static peers as ID@HOST:PORT (gRPC)"),
+        "lease_ttl": Key(int, 5, _positive, "etcd lease TTL in seconds"),
+    },
+    "log": {
+        "level": Key(str, "warning", _one_of("debug", "info", "warning", "error"), "log level"),
+        "format": Key(str, "json", _one_of("json", "text"), "log line format"),
+    },
+}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The validated configuration of one node: `values[section][key]`."""
+
+    values: Mapping[str, Mapping[str, Any]]
+    source: Path | None = None
+    run_dir: Path = field(default=Path("."))
+
+    def __getitem__(self, section: str) -> Mapping[str, Any]:
+        return self.values[section]
+
+    @property
+    def node_id(self) -> str:
+        return self.values["node"]["id"]
+
+    @property
+    def cluster(self) -> str:
+        return self.values["node"]["cluster"]
+
+
+def _coerce(where: str, key: Key, value: Any) -> Any:
+    if key.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if key.type is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+    elif not isinstance(value, key.type) or (key.type is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {key.type.__name__}, got {value!r}")
+    if key.check is not None:
+        try:
+            value = key.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc} (got {value!r})") from None
+    return value
+
+
+def _from_env(text: str, key: Key, where: str) -> Any:
+    if key.type is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true or false, got {text!r}")
+    if key.type is list:
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if key.type in (int, float):
+        try:
+            return key.type(text)
+        except ValueError:
+            raise ConfigError(f"{where}: expected {key.type.__name__}, got {text!r}") from None
+    return text
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, text in env.items():
+        if not name.startswith("MQFED_"):
+            continue
+        rest = name[len("MQFED_"):].lower()
+        section = next((s for s in SCHEMA if rest.startswith(s + "_")), None)
+        if section is None:
+            continue  # other MQFED_ variables are not configuration keys
+        key_name = rest[len(section) + 1:]
+        if key_name not in SCHEMA[section]:
+            known = ", ".join(f"MQFED_{section.upper()}_{k.upper()}" for k in SCHEMA[section])
+            raise ConfigError(f"environment {name}: unknown key; known: {known}")
+        out.setdefault(section, {})[key_name] = _from_env(text, SCHEMA[section][key_name],
+                                                          f"environment {name}")
+    return out
+
+
+def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
+                 source: Path | None = None) -> NodeConfig:
+    """Validate `data` (parsed TOML) plus environment overrides into a NodeConfig."""
+    where_file = str(source) if source else "config"
+    for section, body in data.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"{where_file}: unknown section [{section}]; known: "
+                              + ", ".join(SCHEMA))
+        if not isinstance(body, Mapping):
+            raise ConfigError(f"{where_file}: [{section}] must be a table")
+        for key in body:
+            if key not in SCHEMA[section]:
+                raise ConfigError(f"{where_file}: unknown key {section}.{key}; known: "
+                                  + ", ".join(SCHEMA[section]))
+    overrides = _env_overrides(env if env is not None else os.environ)
+    values: dict[str, dict[str, Any]] = {}
+    for section, keys in SCHEMA.items():
+        values[section] = {}
+        for name, key in keys.items():
+            where = f"{where_file}: {section}.{name}"
+            if name in overrides.get(section, {}):
+                raw = overrides[section][name]
+                where = f"environment MQFED_{section.upper()}_{name.upper()}"
+            else:
+                raw = data.get(section, {}).get(name, key.default)
+            values[section][name] = _coerce(where, key, raw)
+    if not values["node"]["id"]:
+        raise ConfigError(f"{where_file}: node.id is required (or MQFED_NODE_ID)")
+    base = source.parent if source else Path.cwd()
+    run_dir = Path(values["node"]["run_dir"] or f"run/{values['node']['id']}")
+    run_dir = run_dir if run_dir.is_absolute() else (base / run_dir)
+    for section, name in (("mqtt", "include"), ("mqtt", "plugin")):
+        path = values[section][name]
+        if path and not Path(path).is_absolute():
+            values[section][name] = str((base / path).resolve())
+    if values["membership"]["mode"] == "static":
+        for peer in values["membership"]["peers"]:
+            node, sep, addr = peer.partition("@")
+            try:
+                _node_id(node)
+                _address(addr)
+            except ValueError as exc:
+                raise ConfigError(f"{where_file}: membership.peers entry {peer!r}: expected "
+                                  f"ID@HOST:PORT ({exc})") from None
+    return NodeConfig(values=values, source=source, run_dir=run_dir.resolve())
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> NodeConfig:
+    """Read and validate a node's TOML config file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return build_config(data, env, source=path.resolve())
+
+
+def render_toml(values: Mapping[str, Mapping[str, Any]]) -> str:
+    """Write a config as TOML (used by the cluster launcher); only known keys."""
+    lines: list[str] = []
+    for section, body in values.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"unknown section [{section}]")
+        lines.append(f"[{section}]")
+        for key, value in body.items():
+            if key not in SCHEMA[section]:
+                raise ConfigError(f"unknown key {section}.{key}")
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,209 @@
+"""The MQTT v5 link from the sidecar to its local Mosquitto (adapter).
+
+paho-mqtt runs its network loop in its own thread (the hot path later); decoded plugin events
+are handed to asyncio in batches, command replies are matched to waiting requests by id.
+The link uses a persistent session (clean start false) with the calibration session expiry
+the plugin uses to locate the session-expiry field (docs/plugin-protocol.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from sidecar.local.events import (
+    CommandFailed,
+    Event,
+    ProtocolError,
+    Reply,
+    Snapshot,
+    SnapshotAssembler,
+    decode_event,
+    decode_reply,
+    encode_command,
+)
+from sidecar.local.protocol import (
+    CALIBRATION_SESSION_EXPIRY,
+    CONTROL_TOPIC,
+    EVENTS_TOPIC,
+    REPLY_PREFIX,
+    SIDECAR_USERNAME,
+)
+
+log = logging.getLogger("mqfed.link")
+
+REPLY_TOPIC = REPLY_PREFIX + "sidecar"
+
+
+class LinkError(RuntimeError):
+    """The link to the local Mosquitto or its plugin failed; the message says what to check."""
+
+
+class LocalLink:
+    """Connects to Mosquitto's private unix socket as the plugin's trusted sidecar."""
+
+    def __init__(self, socket_path: Path, secret: str, client_id: str = "mqfed-sidecar",
+                 on_events: Callable[[list[Event]], None] | None = None,
+                 on_reconnect: Callable[[], None] | None = None,
+                 on_protocol_error: Callable[[ProtocolError], None] | None = None) -> None:
+        self.socket_path = socket_path
+        self.client_id = client_id
+        self.on_events = on_events or (lambda events: None)
+        self.on_reconnect = on_reconnect or (lambda: None)
+        self.on_protocol_error = on_protocol_error or (lambda exc: None)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending_events: list[Event] = []
+        self._flush_scheduled = False
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[asyncio.Future, SnapshotAssembler | None]] = {}
+        self._ids = itertools.count(1)
+        self._connected = asyncio.Event()
+        self._connections = 0
+        self._refused: str | None = None
+        self.events_received = 0
+        self._client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+            protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=True,
+        )
+        self._client.username_pw_set(SIDECAR_USERNAME, secret)
+        self._client.reconnect_delay_set(min_delay=0.1, max_delay=2)
+        self._client.max_queued_messages_set(0)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+
+    # ---- paho thread -------------------------------------------------------------------
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            self._refused = str(reason_code)
+            return
+        client.subscribe([(EVENTS_TOPIC, 1), (REPLY_TOPIC, 1)])
+        self._connections += 1
+        first = self._connections == 1
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._connected.set)
+        if not first:
+            self._loop.call_soon_threadsafe(self.on_reconnect)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._connected.clear)
+
+    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        assert self._loop is not None
+        try:
+            if msg.topic == EVENTS_TOPIC:
+                event = decode_event(msg.payload)
+                with self._lock:
+                    self._pending_events.append(event)
+                    schedule = not self._flush_scheduled
+                    self._flush_scheduled = True
+                if schedule:
+                    self._loop.call_soon_threadsafe(self._flush_events)
+            elif msg.topic == REPLY_TOPIC:
+                reply = decode_reply(msg.payload)
+                self._loop.call_soon_threadsafe(self._deliver_reply, reply)
+        except ProtocolError as exc:
+            self._loop.call_soon_threadsafe(self.on_protocol_error, exc)
+
+    # ---- asyncio thread ----------------------------------------------------------------
+    def _flush_events(self) -> None:
+        with self._lock:
+            batch, self._pending_events = self._pending_events, []
+            self._flush_scheduled = False
+        self.events_received += len(batch)
+        self.on_events(batch)
+
+    def _deliver_reply(self, reply: Reply) -> None:
+        entry = self._waiting.get(reply.id)
+        if entry is None:
+            log.debug("reply for unknown request", extra={"id": reply.id, "cmd": reply.cmd})
+            return
+        future, assembler = entry
+        if future.done():
+            return
+        if not reply.ok:
+            future.set_exception(CommandFailed(f"plugin refused {reply.cmd}: {reply.error}",
+                                               reply.error))
+        elif assembler is None:
+            future.set_result(reply)
+        else:
+            try:
+                snapshot = assembler.add(reply)
+            except ProtocolError as exc:
+                future.set_exception(exc)
+                return
+            if snapshot is not None:
+                future.set_result(snapshot)
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        """Connect (persistent session) and subscribe to events and replies."""
+        self._loop = asyncio.get_running_loop()
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = CALIBRATION_SESSION_EXPIRY
+        try:
+            self._client.connect(str(self.socket_path), port=1883, keepalive=30,
+                                 clean_start=False, properties=props)
+        except OSError as exc:
+            raise LinkError(f"cannot reach Mosquitto's private socket {self.socket_path}: "
+                            f"{exc.strerror or exc}; is Mosquitto running with the mqfed "
+                            "config?") from None
+        self._client.loop_start()
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            why = f" (refused: {self._refused})" if self._refused else ""
+            raise LinkError(f"no MQTT session on {self.socket_path} within {timeout:.0f}s{why}; "
+                            "check that the mqfed plugin is loaded with this node's "
+                            "secret") from None
+
+    def _publish_command(self, cmd: str, request_id: str | None, **fields) -> None:
+        payload = encode_command(cmd, request_id=request_id,
+                                 reply=REPLY_TOPIC if request_id else None, **fields)
+        self._client.publish(CONTROL_TOPIC, payload, qos=1)
+
+    def send(self, cmd: str, **fields) -> None:
+        """Fire-and-forget command (e.g. `ack`)."""
+        self._publish_command(cmd, None, **fields)
+
+    async def request(self, cmd: str, timeout: float = 5.0, **fields) -> Reply:
+        """Send a command and wait for its reply; raises CommandFailed or LinkError."""
+        return await self._await(cmd, None, timeout, fields)
+
+    async def snapshot(self, timeout: float = 10.0) -> Snapshot:
+        """Ask the plugin for a consistent cut of clients and subscriptions."""
+        return await self._await("snapshot", SnapshotAssembler(), timeout, {})
+
+    async def _await(self, cmd: str, assembler: SnapshotAssembler | None, timeout: float,
+                     fields: dict):
+        assert self._loop is not None, "connect() first"
+        request_id = f"{cmd}-{next(self._ids)}"
+        future = self._loop.create_future()
+        self._waiting[request_id] = (future, assembler)
+        try:
+            self._publish_command(cmd, request_id, **fields)
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise LinkError(f"the mqfed plugin did not answer '{cmd}' within {timeout:.0f}s: is "
+                            "the plugin loaded as the first `plugin` line of Mosquitto's config "
+                            f"(check {self.socket_path.parent.parent}/mosquitto.log)?") from None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                properties: Properties | None = None) -> mqtt.MQTTMessageInfo:
+        """Publish on the local Mosquitto (re-injection path)."""
+        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+
+    def close(self) -> None:
+        """Disconnect cleanly (the session stays) and stop the network thread."""
+        self._client.disconnect()
+        self._client.loop_stop()

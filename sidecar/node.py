@@ -1,0 +1,284 @@
+"""One mqfed node: Mosquitto with the plugin, the local link, and the cores (wiring).
+
+This is the only module that knows every part. It builds them from the config, feeds plugin
+events through the event stream into the subscription table, carries out the actions the
+cores return, and publishes the node's status file (`<run_dir>/state.json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pwd
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from sidecar.broker import conf as broker_conf
+from sidecar.broker.process import MosquittoProcess
+from sidecar.config import NodeConfig
+from sidecar.local.events import Event, ProtocolError, Snapshot
+from sidecar.local.link import LinkError, LocalLink
+from sidecar.local.stream import (
+    Apply,
+    EventStream,
+    LoadSnapshot,
+    RequestResume,
+    RequestSnapshot,
+    SendAck,
+)
+from sidecar.routing.table import InterestChange, SubscriptionTable
+
+log = logging.getLogger("mqfed.node")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PLUGIN_CANDIDATES = (
+    REPO_ROOT / "deploy" / "mosquitto-plugin" / "build" / "mqfed_plugin.so",
+    Path("/usr/lib/mqfed/mqfed_plugin.so"),
+)
+
+
+class NodeError(RuntimeError):
+    """The node cannot start; the message says what to do."""
+
+
+def find_plugin(configured: str) -> Path:
+    """The plugin shared object to load, or a NodeError saying how to build it."""
+    candidates = (Path(configured),) if configured else PLUGIN_CANDIDATES
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise NodeError(f"mqfed plugin not found at {', '.join(map(str, candidates))}: "
+                    "build it with `make install` (or `make -C deploy/mosquitto-plugin`) "
+                    "or set mqtt.plugin")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+class NodeLayout:
+    """Where a node keeps its files inside its run dir."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.socket_dir = run_dir / "mosquitto"
+        self.socket_path = self.socket_dir / "mosquitto.sock"
+        self.conf_path = run_dir / "mosquitto.conf"
+        self.secret_path = run_dir / "secret"
+        self.state_path = run_dir / "state.json"
+
+    def prepare(self) -> str:
+        """Create the folders (the socket's one writable by Mosquitto's user); return the
+        node's secret, created on first start."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("mosquitto")
+            except KeyError:
+                user = None
+            if user is not None:  # Mosquitto drops to this user before binding the socket
+                os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
+                self.socket_dir.chmod(0o750)
+        if not self.secret_path.exists():
+            fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(24))
+        return self.secret_path.read_text().strip()
+
+
+def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -> str:
+    """The Mosquitto config text for this node (see sidecar.broker.conf)."""
+    mqtt = config["mqtt"]
+    include = Path(mqtt["include"]) if mqtt["include"] else None
+    user = broker_conf.read_user_settings(include) if include else None
+    return broker_conf.render(broker_conf.BrokerConfig(
+        node_id=config.node_id, plugin_path=find_plugin(mqtt["plugin"]),
+        socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
+        include_path=include, external_auth=mqtt["external_auth"],
+        external_acl=mqtt["external_acl"],
+    ))
+
+
+class Node:
+    """A running node; `run()` until `stop()`."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.layout = NodeLayout(config.run_dir)
+        self.stream = EventStream()
+        self.table = SubscriptionTable()
+        self.broker: MosquittoProcess | None = None
+        self.link: LocalLink | None = None
+        self.ready = False
+        self.started_at = time.time()
+        self.interest_changes = 0
+        self.protocol_error: ProtocolError | None = None
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._state_dirty = True
+        self._snapshot_failures = 0
+
+    # ---- cores → actions ---------------------------------------------------------------
+    def _on_events(self, events: list[Event]) -> None:
+        now = time.monotonic()
+        for event in events:
+            self._run_actions(self.stream.on_event(event, now))
+
+    def _on_interest(self, changes: list[InterestChange]) -> None:
+        if changes:
+            self.interest_changes += len(changes)
+            self._state_dirty = True
+            log.debug("interest changed", extra={"changes": len(changes)})
+
+    def _run_actions(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Apply):
+                self._on_interest(self.table.apply(action.event))
+            elif isinstance(action, LoadSnapshot):
+                self._on_interest(self.table.load_snapshot(action.snapshot))
+            elif isinstance(action, SendAck):
+                assert self.link is not None
+                self.link.send("ack", seq=action.seq)
+            elif isinstance(action, RequestSnapshot):
+                self._spawn(self._take_snapshot())
+            elif isinstance(action, RequestResume):
+                self._spawn(self._resume(action.from_seq))
+            else:  # pragma: no cover - a new action type must be wired here
+                raise TypeError(f"unhandled action {action!r}")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _take_snapshot(self) -> None:
+        assert self.link is not None
+        try:
+            snapshot: Snapshot = await self.link.snapshot()
+        except (LinkError, ProtocolError) as exc:
+            self._snapshot_failures += 1
+            log.warning("snapshot failed, asking again", extra={
+                "error": str(exc), "failures": self._snapshot_failures})
+            await asyncio.sleep(min(0.2 * self._snapshot_failures, 2.0))
+            self._run_actions(self.stream.on_snapshot_failed())
+            return
+        self._snapshot_failures = 0
+        self._run_actions(self.stream.on_snapshot(snapshot))
+        self._state_dirty = True
+
+    async def _resume(self, from_seq: int) -> None:
+        assert self.link is not None
+        try:
+            reply = await self.link.request("resume", from_seq=from_seq)
+        except (ProtocolError, LinkError) as exc:
+            log.info("resume refused, re-syncing from a snapshot", extra={"error": str(exc)})
+            self._run_actions(self.stream.on_resume_failed())
+            return
+        self._run_actions(self.stream.on_resumed(reply.fields.get("epoch", "")))
+
+    def _on_protocol_error(self, exc: ProtocolError) -> None:
+        log.error("plugin protocol error: %s", exc)
+        self.protocol_error = exc
+        self._stop.set()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "node": cfg.node_id,
+            "cluster": cfg.cluster,
+            "pid": os.getpid(),
+            "mosquitto_pid": self.broker.pid if self.broker else None,
+            "ready": self.ready,
+            "started_at": self.started_at,
+            "mqtt": cfg["mqtt"]["listen"],
+            "grpc": cfg["grpc"]["listen"],
+            "admin": cfg["admin"]["listen"],
+            "metrics": cfg["admin"]["metrics"],
+            "socket": str(self.layout.socket_path),
+            "stream": self.stream.stats(),
+            "broker_restarts": self.broker.restarts if self.broker else 0,
+            "interest": sorted(
+                [key.group, key.filter, count] for key, count in self.table.interest().items()
+            ),
+            "sessions": self.table.sessions_status(),
+        }
+
+    def _publish_status(self) -> None:
+        _write_json(self.layout.state_path, self.status())
+        self._state_dirty = False
+
+    async def _ticker(self) -> None:
+        last_write = 0.0
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            self._run_actions(self.stream.on_tick(now))
+            if self.stream.in_sync and not self.ready:
+                self.ready = True
+                self._state_dirty = True
+                log.info("node ready", extra={"mqtt": self.config["mqtt"]["listen"]})
+            if self._state_dirty and now - last_write > 0.2:
+                last_write = now
+                self._publish_status()
+
+    async def _on_broker_restart(self) -> None:
+        log.warning("mosquitto restarted; the link re-syncs from a new snapshot")
+        self._state_dirty = True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Start everything, serve until `stop()`, then shut down. Returns an exit code."""
+        secret = self.layout.prepare()
+        cfg = self.config
+        if cfg["mqtt"]["manage"]:
+            self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
+            self.layout.conf_path.chmod(0o600)
+            self.broker = MosquittoProcess(cfg["mqtt"]["mosquitto"], self.layout.conf_path,
+                                           self.layout.socket_path, self.layout.run_dir)
+            await self.broker.start()
+        self.link = LocalLink(
+            self.layout.socket_path, secret, on_events=self._on_events,
+            on_reconnect=lambda: self._run_actions(self.stream.on_link_reconnected()),
+            on_protocol_error=self._on_protocol_error,
+        )
+        await self.link.connect(cfg["mqtt"]["link_timeout"])
+        # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
+        snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
+        self.stream.start()
+        self._run_actions(self.stream.on_snapshot(snapshot))
+        background = [asyncio.create_task(self._ticker())]
+        if self.broker is not None:
+            background.append(asyncio.create_task(
+                self.broker.supervise(self._on_broker_restart)))
+        try:
+            await self._stop.wait()
+        finally:
+            for task in background + list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+            self.ready = False
+            self.link.close()
+            if self.broker is not None:
+                await self.broker.stop()
+            self._publish_status()
+        return 3 if self.protocol_error else 0
+
+
+async def run_node(config: NodeConfig) -> int:
+    """Run one node until SIGTERM/SIGINT."""
+    node = Node(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stop)
+    return await node.run()

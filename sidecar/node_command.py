@@ -1,0 +1,39 @@
+"""`mqfed node --config FILE`: run one node in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sidecar.broker.conf import BrokerConfigError
+from sidecar.broker.process import BrokerStartError
+from sidecar.config import ConfigError, load_config
+from sidecar.local.link import LinkError
+from sidecar.logs import setup_logging
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("node", help="run one node (Mosquitto + plugin + sidecar)",
+                            description="Run one mqfed node in the foreground until SIGTERM.")
+    parser.add_argument("--config", required=True, help="the node's TOML config file")
+    parser.add_argument("--print-mosquitto-conf", action="store_true",
+                        help="print the generated Mosquitto config and exit (for running "
+                             "Mosquitto yourself with mqtt.manage = false)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.node import NodeError, NodeLayout, render_mosquitto_conf, run_node
+
+    try:
+        config = load_config(args.config)
+        setup_logging(config["log"]["level"], config["log"]["format"], config.node_id)
+        if args.print_mosquitto_conf:
+            layout = NodeLayout(config.run_dir)
+            print(render_mosquitto_conf(config, layout, layout.prepare()), end="")
+            return 0
+        return asyncio.run(run_node(config))
+    except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError) as exc:
+        print(f"mqfed node: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,264 @@
+"""MQTT 3.1.1/5 topic names and topic filters: validation, matching, and a trie keyed by filter.
+
+Rules (MQTT 5 §4.7, §4.8.2): levels are separated by ``/``; ``+`` matches exactly one level and must
+be a whole level; ``#`` matches any number of levels (including the parent: ``a/#`` matches ``a``)
+and must be the whole last level; a filter starting with a wildcard never matches a topic starting
+with ``$``; ``$share/<group>/<filter>`` is a shared subscription that matches like ``<filter>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
+
+__all__ = [
+    "MAX_LENGTH",
+    "SHARE_PREFIX",
+    "TopicError",
+    "TopicTrie",
+    "matches",
+    "parse_filter",
+    "validate_filter",
+    "validate_topic",
+]
+
+MAX_LENGTH = 65_535
+"""Longest topic name or filter, in UTF-8 bytes."""
+
+SHARE_PREFIX = "$share/"
+
+
+class TopicError(ValueError):
+    """A topic name or topic filter breaks the MQTT rules; the message says what and where."""
+
+
+def _show(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def _check_string(kind: str, text: str) -> None:
+    if not text:
+        raise TopicError(f"invalid {kind} '': must not be empty")
+    if "\0" in text:
+        at = text.index("\0")
+        raise TopicError(f"invalid {kind} {_show(text)}: contains U+0000 at index {at}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise TopicError(
+            f"invalid {kind} {_show(text)}: not encodable as UTF-8 at index {exc.start}"
+        ) from None
+    if size > MAX_LENGTH:
+        raise TopicError(f"invalid {kind} {_show(text)}: {size} UTF-8 bytes, at most {MAX_LENGTH}")
+
+
+def validate_topic(topic: str) -> None:
+    """Check a topic name (as in PUBLISH); raise `TopicError` if it is not valid."""
+    _check_string("topic", topic)
+    for char in "+#":
+        if char in topic:
+            raise TopicError(
+                f"invalid topic {_show(topic)}: wildcard {char!r} at index {topic.index(char)}"
+                " is not allowed in a topic name"
+            )
+
+
+def _check_levels(kind: str, whole: str, filter: str) -> None:
+    levels = filter.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if level == "#":
+            if i != last:
+                raise TopicError(f"invalid {kind} {_show(whole)}: '#' must be the last level")
+        elif "#" in level:
+            raise TopicError(
+                f"invalid {kind} {_show(whole)}: '#' must be a whole level"
+                f" (level {i + 1} is {level!r})"
+            )
+        elif level != "+" and "+" in level:
+            raise TopicError(
+                f"invalid {kind} {_show(whole)}: '+' must be a whole level"
+                f" (level {i + 1} is {level!r})"
+            )
+
+
+def _split_share(filter: str) -> tuple[str | None, str]:
+    """Split off ``$share/<group>/`` without validating."""
+    if filter.startswith(SHARE_PREFIX):
+        group, _, inner = filter[len(SHARE_PREFIX) :].partition("/")
+        return group, inner
+    return None, filter
+
+
+def parse_filter(filter: str) -> tuple[str | None, str]:
+    """Validate a topic filter and return ``(share group or None, topic filter)``."""
+    kind = "topic filter"
+    _check_string(kind, filter)
+    if filter.startswith(SHARE_PREFIX):
+        group, sep, inner = filter[len(SHARE_PREFIX) :].partition("/")
+        if not group:
+            raise TopicError(f"invalid {kind} {_show(filter)}: empty share name after '$share/'")
+        for char in "+#":
+            if char in group:
+                raise TopicError(
+                    f"invalid {kind} {_show(filter)}: share name {group!r} contains {char!r}"
+                )
+        if not sep or not inner:
+            raise TopicError(
+                f"invalid {kind} {_show(filter)}: missing topic filter after share name {group!r}"
+            )
+        _check_levels(kind, filter, inner)
+        return group, inner
+    _check_levels(kind, filter, filter)
+    return None, filter
+
+
+def validate_filter(filter: str) -> None:
+    """Check a topic filter (as in SUBSCRIBE), shared or not; raise `TopicError` if invalid."""
+    parse_filter(filter)
+
+
+def matches(filter: str, topic: str) -> bool:
+    """Whether the topic filter (shared or not) matches the topic name. Neither is validated."""
+    _, filter = _split_share(filter)
+    if topic.startswith("$") and filter[:1] in ("+", "#"):
+        return False
+    flevels = filter.split("/")
+    tlevels = topic.split("/")
+    for i, flevel in enumerate(flevels):
+        if flevel == "#":
+            return True
+        if i >= len(tlevels):
+            return False
+        if flevel != "+" and flevel != tlevels[i]:
+            return False
+    return len(flevels) == len(tlevels)
+
+
+V = TypeVar("V", bound=Hashable)
+
+
+class _Node(Generic[V]):
+    __slots__ = ("children", "entries")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[V]] = {}
+        # full filter as given (shared or not) -> values; several filters can end on one node
+        self.entries: dict[str, set[V]] = {}
+
+
+class TopicTrie(Generic[V]):
+    """Values stored under topic filters, looked up by topic name.
+
+    A trie over filter levels (shared filters are keyed by their inner filter), so a lookup costs
+    about the number of levels times the number of wildcard branches, not the number of filters.
+    `match` returns a new set of the values of every matching filter.
+    """
+
+    def __init__(self) -> None:
+        self._root: _Node[V] = _Node()
+        self._count = 0
+
+    def add(self, filter: str, value: V) -> bool:
+        """Store value under filter (validated); return False if it was already there."""
+        _, inner = parse_filter(filter)
+        node = self._root
+        for level in inner.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        values = node.entries.get(filter)
+        if values is None:
+            values = node.entries[filter] = set()
+            self._count += 1
+        if value in values:
+            return False
+        values.add(value)
+        return True
+
+    def remove(self, filter: str, value: V) -> bool:
+        """Remove value from filter; return False if it was not there."""
+        _, inner = _split_share(filter)
+        path: list[tuple[_Node[V], str]] = []
+        node = self._root
+        for level in inner.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return False
+            path.append((node, level))
+            node = child
+        values = node.entries.get(filter)
+        if values is None or value not in values:
+            return False
+        values.discard(value)
+        if not values:
+            del node.entries[filter]
+            self._count -= 1
+            for parent, level in reversed(path):
+                child = parent.children[level]
+                if child.entries or child.children:
+                    break
+                del parent.children[level]
+        return True
+
+    def get(self, filter: str) -> set[V]:
+        """A copy of the values stored under exactly this filter (empty if none)."""
+        node: _Node[V] | None = self._root
+        for level in _split_share(filter)[1].split("/"):
+            node = node.children.get(level) if node is not None else None
+        return set(node.entries.get(filter, ())) if node is not None else set()
+
+    def _nodes(self, topic: str) -> Iterator[_Node[V]]:
+        """Every node whose filters match the topic, each once."""
+        levels = topic.split("/")
+        depth = len(levels)
+        dollar = topic.startswith("$")
+        stack: list[tuple[_Node[V], int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            children = node.children
+            if i == depth:
+                yield node
+                hash_ = children.get("#")
+                if hash_ is not None:  # "a/#" matches "a"
+                    yield hash_
+                continue
+            plus = None
+            if i > 0 or not dollar:
+                hash_ = children.get("#")
+                if hash_ is not None:
+                    yield hash_
+                plus = children.get("+")
+                if plus is not None:
+                    stack.append((plus, i + 1))
+            child = children.get(levels[i])
+            if child is not None and child is not plus:
+                stack.append((child, i + 1))
+
+    def match(self, topic: str) -> set[V]:
+        """The values of every filter that matches the topic name."""
+        result: set[V] = set()
+        for node in self._nodes(topic):
+            for values in node.entries.values():
+                result |= values
+        return result
+
+    def matching_filters(self, topic: str) -> list[str]:
+        """Every stored filter (as given, shared or not) that matches the topic name, sorted."""
+        return sorted(f for node in self._nodes(topic) for f in node.entries)
+
+    def filters(self) -> Iterator[str]:
+        """Every stored filter, as given."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            yield from node.entries
+            stack.extend(node.children.values())
+
+    def __contains__(self, filter: object) -> bool:
+        return isinstance(filter, str) and bool(self.get(filter))
+
+    def __len__(self) -> int:
+        """Number of distinct filters holding at least one value."""
+        return self._count

@@ -1,0 +1,32 @@
+"""Shared fixtures: a process group per test whose logs are printed when the test fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.procs import ProcessGroup
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+def _test_failed(request: pytest.FixtureRequest) -> bool:
+    rep = getattr(request.node, "rep_call", None)
+    setup = getattr(request.node, "rep_setup", None)
+    return bool((rep and rep.failed) or (setup and setup.failed))
+
+
+@pytest.fixture
+def procs(request: pytest.FixtureRequest, tmp_path):
+    """Start processes with `procs.start(name, argv)`; all are stopped by PID after the test."""
+    group = ProcessGroup(tmp_path / "procs")
+    try:
+        yield group
+    finally:
+        group.stop_all()
+        if _test_failed(request):
+            print(group.dump_logs())

@@ -1,0 +1,1 @@
+"""Test harness: real processes on free loopback ports, always stopped by PID."""

@@ -1,0 +1,64 @@
+"""Small synchronous paho helpers for tests."""
+
+from __future__ import annotations
+
+import threading
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+
+class Client:
+    """A connected paho client (MQTT v5 by default) that records what it receives."""
+
+    def __init__(self, port: int, client_id: str, *, v5: bool = True, clean: bool = True,
+                 session_expiry: int = 0, username: str | None = None,
+                 password: str | None = None, host: str = "127.0.0.1") -> None:
+        self.messages: list[mqtt.MQTTMessage] = []
+        self.connected = threading.Event()
+        self.reason: object = None
+        self.session_present: bool | None = None
+        self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                                  client_id=client_id,
+                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                                  clean_session=None if v5 else clean)
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_message = lambda c, u, m: self.messages.append(m)
+        kwargs: dict = {}
+        if v5:
+            props = Properties(PacketTypes.CONNECT)
+            if session_expiry:
+                props.SessionExpiryInterval = session_expiry
+            kwargs = {"clean_start": clean, "properties": props}
+        self.client.connect(host, port, keepalive=30, **kwargs)
+        self.client.loop_start()
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.reason = reason_code
+        self.session_present = flags.session_present
+        self.connected.set()
+
+    def wait_connected(self, timeout: float = 5.0) -> bool:
+        """True if CONNACK said success."""
+        if not self.connected.wait(timeout):
+            return False
+        return not self.reason.is_failure
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        done = threading.Event()
+        self.client.on_subscribe = lambda *a: done.set()
+        self.client.subscribe(topic, qos)
+        assert done.wait(5), f"no SUBACK for {topic}"
+
+    def unsubscribe(self, topic: str) -> None:
+        done = threading.Event()
+        self.client.on_unsubscribe = lambda *a: done.set()
+        self.client.unsubscribe(topic)
+        assert done.wait(5), f"no UNSUBACK for {topic}"
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

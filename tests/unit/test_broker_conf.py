@@ -1,0 +1,71 @@
+"""Generated Mosquitto config: plugin first, forced settings, user settings preserved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.broker.conf import BrokerConfig, BrokerConfigError, read_user_settings, render
+
+
+def _cfg(**kw) -> BrokerConfig:
+    base = dict(node_id="n1", plugin_path=Path("/p/mqfed_plugin.so"),
+                socket_path=Path("/r/mosquitto.sock"), secret="s3", listen="127.0.0.1:1884")
+    base.update(kw)
+    return BrokerConfig(**base)
+
+
+def test_defaults_plugin_first_and_grant():
+    lines = render(_cfg()).splitlines()
+    directives = [line for line in lines if line and not line.startswith("#")]
+    assert directives[:3] == ["per_listener_settings false", "persistence false",
+                              "plugin /p/mqfed_plugin.so"]
+    assert "plugin_opt_auth grant" in lines and "plugin_opt_acl grant" in lines
+    assert "allow_anonymous true" in lines
+    assert lines[-2:] == ["listener 0 /r/mosquitto.sock", "listener 1884 127.0.0.1"]
+
+
+def test_user_settings_kept_and_providers_detected(tmp_path: Path):
+    user = tmp_path / "user.conf"
+    user.write_text("password_file /etc/p\nallow_anonymous false\nlistener 8883\n"
+                    "certfile /c.pem\n# note\n")
+    settings = read_user_settings(user)
+    text = render(_cfg(user=settings, include_path=user))
+    assert "plugin_opt_auth defer" in text and "plugin_opt_acl grant" in text
+    assert "allow_anonymous true" not in text
+    assert "listener 8883\ncertfile /c.pem" in text
+    # our plugin comes before any user plugin
+    assert text.index("plugin /p/mqfed_plugin.so") < text.index("password_file")
+
+
+def test_acl_and_other_plugins_defer(tmp_path: Path):
+    user = tmp_path / "user.conf"
+    user.write_text("plugin /usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so\n"
+                    "plugin_opt_config_file /d.json\n")
+    text = render(_cfg(user=read_user_settings(user), include_path=user))
+    assert "plugin_opt_auth defer" in text and "plugin_opt_acl defer" in text
+    acl = tmp_path / "acl.conf"
+    acl.write_text("acl_file /etc/acl\n")
+    text = render(_cfg(user=read_user_settings(acl), include_path=acl))
+    assert "plugin_opt_auth grant" in text and "plugin_opt_acl defer" in text
+    text = render(_cfg(user=read_user_settings(acl), include_path=acl, external_acl="no"))
+    assert "plugin_opt_acl grant" in text
+
+
+@pytest.mark.parametrize("line, message", [
+    ("per_listener_settings true", "per_listener_settings false"),
+    ("persistence true", "persistence false"),
+    ("include_dir /etc/mosquitto/conf.d", "include_dir"),
+    ("plugin /opt/mqfed_plugin.so", "loads its own plugin"),
+])
+def test_conflicting_user_settings_refused(tmp_path: Path, line: str, message: str):
+    user = tmp_path / "user.conf"
+    user.write_text(f"# header\n{line}\n")
+    with pytest.raises(BrokerConfigError, match=f"user.conf:2: .*{message}"):
+        read_user_settings(user)
+
+
+def test_missing_include(tmp_path: Path):
+    with pytest.raises(BrokerConfigError, match="cannot read mqtt.include"):
+        read_user_settings(tmp_path / "nope.conf")

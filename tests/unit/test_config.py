@@ -1,0 +1,68 @@
+"""Node config: strict validation, environment overrides, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ConfigError, build_config, load_config, render_toml
+
+
+def test_defaults_and_required_id():
+    cfg = build_config({"node": {"id": "n1"}}, env={})
+    assert cfg.node_id == "n1" and cfg.cluster == "mqfed"
+    assert cfg["mqtt"]["listen"] == "127.0.0.1:1883"
+    assert cfg.run_dir.name == "n1"
+    with pytest.raises(ConfigError, match="node.id is required"):
+        build_config({}, env={})
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"node": {"id": "n1", "colour": "red"}}, "unknown key node.colour"),
+    ({"nodes": {"id": "n1"}}, r"unknown section \[nodes\]"),
+    ({"node": {"id": "n1"}, "mqtt": {"listen": "localhost"}}, "mqtt.listen: expected HOST:PORT"),
+    ({"node": {"id": "n1"}, "mqtt": {"manage": "yes"}}, "mqtt.manage: expected bool"),
+    ({"node": {"id": "bad id!"}}, "node.id: expected 1-63 characters"),
+    ({"node": {"id": "n1"}, "membership": {"mode": "zk"}}, "membership.mode: expected one of"),
+    ({"node": {"id": "n1"}, "membership": {"mode": "static", "peers": ["n2"]}},
+     "membership.peers entry 'n2'"),
+    ({"node": {"id": "n1"}, "membership": {"lease_ttl": 0}}, "lease_ttl: expected a number"),
+])
+def test_bad_values_are_named(data, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(data, env={})
+
+
+def test_environment_overrides_file():
+    env = {"MQFED_NODE_ID": "n7", "MQFED_MQTT_MANAGE": "false",
+           "MQFED_MEMBERSHIP_ETCD": "127.0.0.1:1, 127.0.0.1:2", "MQFED_CONFIG": "ignored"}
+    cfg = build_config({"node": {"id": "n1"}}, env=env)
+    assert cfg.node_id == "n7"
+    assert cfg["mqtt"]["manage"] is False
+    assert cfg["membership"]["etcd"] == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+def test_environment_errors_are_named():
+    with pytest.raises(ConfigError, match="MQFED_MQTT_LISTNE: unknown key"):
+        build_config({"node": {"id": "n1"}}, env={"MQFED_MQTT_LISTNE": "x"})
+    with pytest.raises(ConfigError, match="environment MQFED_MQTT_MANAGE: expected true or false"):
+        build_config({"node": {"id": "n1"}}, env={"MQFED_MQTT_MANAGE": "maybe"})
+
+
+def test_file_round_trip_and_relative_paths(tmp_path: Path):
+    values = {"node": {"id": "n2", "run_dir": "state"}, "mqtt": {"include": "user.conf"}}
+    path = tmp_path / "node.toml"
+    path.write_text(render_toml(values))
+    cfg = load_config(path, env={})
+    assert cfg.run_dir == tmp_path / "state"
+    assert cfg["mqtt"]["include"] == str(tmp_path / "user.conf")
+
+
+def test_unreadable_files(tmp_path: Path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[node\nid=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
