@@ -10,9 +10,9 @@ DEMO_NODES ?= 3
 DEMO_PORT ?= 1883
 PYTEST_ARGS ?=
 
-.PHONY: install apt venv plugin demo test lint clean
+.PHONY: install apt venv proto plugin demo test lint clean
 
-install: apt venv plugin
+install: apt venv proto plugin
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do \
@@ -36,6 +36,14 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+PROTOS := $(wildcard proto/*.proto)
+PROTO_OUT := $(patsubst proto/%.proto,sidecar/_proto/%_pb2.py,$(PROTOS))
+
+proto: $(PROTO_OUT)
+
+$(PROTO_OUT) &: $(PROTOS) sidecar/protogen.py $(VENV)/.installed
+	$(VENV)/bin/python -m sidecar.protogen
+
 plugin:
 	$(MAKE) -s -C deploy/mosquitto-plugin
 
@@ -50,4 +58,5 @@ test: install lint
 
 clean:
 	$(MAKE) -s -C deploy/mosquitto-plugin clean
+	rm -f sidecar/_proto/*_pb2*.py sidecar/_proto/*_pb2.pyi
 	rm -rf $(VENV) run .pytest_cache .hypothesis

@@ -42,6 +42,9 @@ PLUGIN_CANDIDATES = (
 )
 
 
+STATUS_DETAIL_LIMIT = 1000
+
+
 class NodeError(RuntimeError):
     """The node cannot start; the message says what to do."""
 
@@ -206,10 +209,21 @@ class Node:
             "socket": str(self.layout.socket_path),
             "stream": self.stream.stats(),
             "broker_restarts": self.broker.restarts if self.broker else 0,
-            "interest": sorted(
-                [key.group, key.filter, count] for key, count in self.table.interest().items()
-            ),
-            "sessions": self.table.sessions_status(),
+            "session_counts": self.table.sessions_status(),
+            **self._detail(),
+        }
+
+    def _detail(self, limit: int = STATUS_DETAIL_LIMIT) -> dict[str, Any]:
+        """Per-filter and per-session detail for small nodes (debugging and tests)."""
+        interest = self.table.interest()
+        sessions = self.table.sessions()
+        if len(interest) > limit or len(sessions) > limit:
+            return {"detail": f"omitted: more than {limit} filters or sessions"}
+        return {
+            "interest": sorted([k.group, k.filter, n] for k, n in interest.items()),
+            "sessions": {client: {"online": info.online, "persistent": info.persistent,
+                                  "subscriptions": self.table.subscriptions(client)}
+                         for client, info in sessions.items()},
         }
 
     def _publish_status(self) -> None:

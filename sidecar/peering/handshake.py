@@ -1,0 +1,144 @@
+"""The peer stream handshake: check a peer's Hello (or Welcome) against this node's identity.
+
+The dialling side sends its `Hello`; the accepting side runs `Handshake.check` on it and answers
+with a Welcome carrying its own `Hello` fields (`Accept.welcome`) or a `Refuse`. The dialling side
+runs `check` on the Welcome too (the same rules apply in both directions). Rules, in order:
+
+1. same cluster id, else WRONG_CLUSTER;
+2. a protocol major this node supports, else UNSUPPORTED_VERSION (minor versions always mix:
+   unknown fields are ignored, new behaviour hides behind capabilities);
+3. not this node's own node id, else DUPLICATE_NODE (a second node configured with our id, or a
+   node that dialled itself);
+4. an incarnation not lower than the highest one accepted before for that node id, else
+   STALE_INCARNATION (an older process of a node that has restarted since).
+
+Accepted: the capabilities in effect are the intersection of both lists, the protocol minor in
+effect is the lower of both, and the peer's incarnation is remembered.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CAPABILITIES",
+    "PROTOCOL_MAJOR",
+    "PROTOCOL_MINOR",
+    "SUPPORTED_MAJORS",
+    "Accept",
+    "Handshake",
+    "Hello",
+    "Refuse",
+    "RefuseCode",
+]
+
+PROTOCOL_MAJOR = 1
+PROTOCOL_MINOR = 0
+SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
+CAPABILITIES: frozenset[str] = frozenset()
+"""Optional features this version implements (none yet: everything in 1.0 is mandatory)."""
+
+
+class RefuseCode(enum.IntEnum):
+    """Same numbers as ``Refuse.Code`` in peer.proto."""
+
+    WRONG_CLUSTER = 1
+    UNSUPPORTED_VERSION = 2
+    STALE_INCARNATION = 3
+    DUPLICATE_NODE = 4
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A node's identity as sent in Hello and Welcome frames."""
+
+    cluster_id: str
+    node_id: str
+    incarnation: int
+    grpc_address: str = ""
+    mqtt_address: str = ""
+    protocol_major: int = PROTOCOL_MAJOR
+    protocol_minor: int = PROTOCOL_MINOR
+    capabilities: frozenset[str] = field(default=CAPABILITIES)
+
+
+@dataclass(frozen=True)
+class Accept:
+    """The peer is admitted. Send `welcome` back when answering a Hello."""
+
+    peer: Hello
+    welcome: Hello
+    capabilities: frozenset[str]
+    protocol_minor: int
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The peer is refused: send a Refuse frame with these fields, then end the stream."""
+
+    code: RefuseCode
+    message: str
+    supported_majors: tuple[int, ...]
+
+
+class Handshake:
+    """Handshake checks for one node; remembers the highest incarnation accepted per node id."""
+
+    def __init__(self, me: Hello, supported_majors: frozenset[int] = SUPPORTED_MAJORS) -> None:
+        self.me = me
+        self.supported_majors = supported_majors
+        self._incarnations: dict[str, int] = {}
+
+    def check(self, peer: Hello) -> Accept | Refuse:
+        """Check a peer's Hello (accepting side) or Welcome (dialling side)."""
+        me = self.me
+        who = f"peer {peer.node_id!r}"
+        if peer.cluster_id != me.cluster_id:
+            return self._refuse(
+                RefuseCode.WRONG_CLUSTER,
+                f"{who} belongs to cluster {peer.cluster_id!r}, this node {me.node_id!r}"
+                f" to {me.cluster_id!r}",
+            )
+        if peer.protocol_major not in self.supported_majors:
+            majors = ", ".join(f"{m}.x" for m in sorted(self.supported_majors))
+            return self._refuse(
+                RefuseCode.UNSUPPORTED_VERSION,
+                f"{who} speaks peer protocol {peer.protocol_major}.{peer.protocol_minor},"
+                f" this node {me.node_id!r} supports {majors}",
+            )
+        if peer.node_id == me.node_id:
+            detail = (
+                "this node connected to itself (check the peer addresses)"
+                if peer.incarnation == me.incarnation
+                else f"another process (incarnation {peer.incarnation}, ours {me.incarnation})"
+                " is configured with the same node id"
+            )
+            return self._refuse(
+                RefuseCode.DUPLICATE_NODE, f"{who} has this node's own node id: {detail}"
+            )
+        seen = self._incarnations.get(peer.node_id)
+        if seen is not None and peer.incarnation < seen:
+            return self._refuse(
+                RefuseCode.STALE_INCARNATION,
+                f"{who} has incarnation {peer.incarnation}, but incarnation {seen} of that node"
+                " was already seen: this is an older process of a node that has restarted since",
+            )
+        self._incarnations[peer.node_id] = peer.incarnation
+        return Accept(
+            peer=peer,
+            welcome=me,
+            capabilities=me.capabilities & peer.capabilities,
+            protocol_minor=min(me.protocol_minor, peer.protocol_minor),
+        )
+
+    def incarnation(self, node_id: str) -> int | None:
+        """The highest incarnation accepted for node_id, if any."""
+        return self._incarnations.get(node_id)
+
+    def forget(self, node_id: str) -> None:
+        """Drop what is remembered about node_id (it left the cluster for good)."""
+        self._incarnations.pop(node_id, None)
+
+    def _refuse(self, code: RefuseCode, message: str) -> Refuse:
+        return Refuse(code, message, tuple(sorted(self.supported_majors)))

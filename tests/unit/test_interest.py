@@ -1,0 +1,329 @@
+"""Remote interest: per-peer versions, local forwarding subscriptions, forward-once decisions."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.routing.interest import (
+    MAX_SUBSCRIPTION_ID,
+    ForwardDecision,
+    InterestDelta,
+    InterestSnapshot,
+    LocalInterest,
+    LocalSubscribe,
+    LocalUnsubscribe,
+    RemoteInterest,
+    RequestSnapshot,
+    SharedDelivery,
+)
+from sidecar.routing.table import InterestAdded, InterestKey, InterestRemoved
+from sidecar.topics import TopicError, matches, parse_filter
+
+
+def K(verbatim: str) -> InterestKey:
+    return InterestKey.parse(verbatim)
+
+
+def snap(version: int, *filters: str) -> InterestSnapshot:
+    return InterestSnapshot(version, frozenset(K(f) for f in filters))
+
+
+def delta(a: int, b: int, added=(), removed=()) -> InterestDelta:
+    return InterestDelta(a, b, frozenset(map(K, added)), frozenset(map(K, removed)))
+
+
+def deliver(ri: RemoteInterest, topic: str, **kw) -> list[ForwardDecision]:
+    """What Mosquitto does: one copy per matching local subscription, each with its id."""
+    subs = ri.local_subscriptions()
+    return [ri.forward_targets(topic, [sid], **kw) for f, sid in subs.items() if matches(f, topic)]
+
+
+def forwarded(decisions: list[ForwardDecision]) -> list[frozenset[str]]:
+    return [d.peers for d in decisions if d.peers]
+
+
+def test_overlapping_filters_forward_once_to_matching_peers():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a/+"))
+    ri.apply_snapshot("p2", snap(1, "a/#"))
+    ri.apply_snapshot("p3", snap(1, "+/b", "a/b"))
+    assert forwarded(deliver(ri, "a/b")) == [{"p1", "p2", "p3"}]
+    assert forwarded(deliver(ri, "a/c")) == [{"p1", "p2"}]
+    assert forwarded(deliver(ri, "x/b")) == [{"p3"}]
+    assert forwarded(deliver(ri, "a")) == [{"p2"}]  # a/# matches the parent level
+    assert deliver(ri, "x/y") == []
+    assert ri.peers_for("a/b/c") == {"p2"}
+
+
+def test_copy_with_all_ids_at_once_also_forwards_once():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a/+", "a/#"))
+    ids = list(ri.local_subscriptions().values())
+    assert ri.forward_targets("a/b", ids).peers == {"p1"}
+    assert ri.forward_targets("a/b", list(reversed(ids))).peers == {"p1"}
+
+
+def test_dollar_topics_and_leading_wildcards():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "#", "+/x"))
+    ri.apply_snapshot("p2", snap(1, "$SYS/#"))
+    ri.apply_snapshot("p3", snap(1, "$SYS/+/x"))
+    assert forwarded(deliver(ri, "$SYS/x")) == [{"p2"}]
+    assert forwarded(deliver(ri, "$SYS/a/x")) == [{"p2", "p3"}]
+    assert forwarded(deliver(ri, "a/x")) == [{"p1"}]
+    # even if a copy for "#" showed up for a $-topic, it is not a valid reason to forward
+    sid = ri.local_subscriptions()["#"]
+    assert not ri.forward_targets("$SYS/x", [sid])
+
+
+def test_local_subscriptions_are_refcounted_over_peers():
+    ri = RemoteInterest()
+    [sub] = ri.apply_snapshot("p1", snap(1, "a/b"))
+    assert sub == LocalSubscribe("a/b", 1) and sub.no_local
+    assert ri.apply_snapshot("p2", snap(7, "a/b")) == []
+    assert ri.remove_peer("p1") == []
+    assert ri.peers_for("a/b") == {"p2"}
+    assert ri.apply_delta("p2", delta(7, 8, removed=["a/b"])) == [LocalUnsubscribe("a/b", 1)]
+    assert ri.local_subscriptions() == {}
+    assert ri.peers_for("a/b") == set()
+
+
+def test_snapshot_replaces_and_emits_only_the_difference():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a", "b"))
+    actions = ri.apply_snapshot("p1", snap(1, "b", "c"))  # e.g. after a reconnect
+    assert actions == [LocalUnsubscribe("a", 1), LocalSubscribe("c", 3)]
+    assert ri.keys("p1") == {K("b"), K("c")}
+
+
+def test_version_gaps_ask_for_a_snapshot_once():
+    ri = RemoteInterest()
+    assert ri.apply_delta("p1", delta(0, 1, added=["a"])) == [
+        RequestSnapshot("p1", None, "delta before any snapshot")
+    ]
+    ri.apply_snapshot("p1", snap(5, "a"))
+    assert ri.apply_delta("p1", delta(5, 6, added=["b"])) == [LocalSubscribe("b", 2)]
+    [request] = ri.apply_delta("p1", delta(7, 8, added=["c"]))  # 6 -> 7 went missing
+    assert isinstance(request, RequestSnapshot) and request.have_version == 6
+    assert "from version 7, have 6" in request.reason
+    assert ri.apply_delta("p1", delta(8, 9, added=["d"])) == []  # already asked
+    assert ri.version("p1") == 6 and ri.keys("p1") == {K("a"), K("b")}
+    ri.apply_snapshot("p1", snap(9, "a", "b", "c", "d"))
+    assert ri.apply_delta("p1", delta(9, 9)) != []  # does not advance: ask again
+    assert ri.local_subscriptions().keys() == {"a", "b", "c", "d"}
+
+
+def test_remove_peer_drops_its_interest():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a", "$share/g/s"))
+    ri.apply_snapshot("p2", snap(1, "a"))
+    actions = ri.remove_peer("p1")
+    assert actions == [LocalUnsubscribe("$share/g/s", 2)]
+    assert ri.peers() == {"p2"} and ri.shared_peers("g", "s") == set()
+    assert ri.remove_peer("nobody") == []
+
+
+def test_invalid_keys_are_skipped_and_counted():
+    ri = RemoteInterest()
+    bad = {InterestKey(None, "a/#/b"), InterestKey(None, "$share/g/x"), InterestKey("g+", "x")}
+    actions = ri.apply_snapshot("p1", InterestSnapshot(1, frozenset(bad | {K("ok")})))
+    assert actions == [LocalSubscribe("ok", 1)]
+    assert ri.invalid_keys == 3
+
+
+def test_subscription_ids_grow_above_those_in_use_and_are_reused_from_the_top():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a", "b", "c"))
+    assert ri.local_subscriptions() == {"a": 1, "b": 2, "c": 3}
+    ri.apply_delta("p1", delta(1, 2, removed=["a"]))
+    assert ri.apply_delta("p1", delta(2, 3, added=["d"])) == [LocalSubscribe("d", 4)]
+    ri.apply_delta("p1", delta(3, 4, removed=["c", "d"]))
+    assert ri.apply_delta("p1", delta(4, 5, added=["e"])) == [LocalSubscribe("e", 3)]
+
+
+def test_subscription_ids_fall_back_to_the_smallest_free_at_the_limit():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a", "b"))
+    ri._top_sid = MAX_SUBSCRIPTION_ID  # as if ids had climbed all the way
+    ri.apply_delta("p1", delta(1, 2, removed=["a"]))
+    assert ri.apply_delta("p1", delta(2, 3, added=["c"])) == [LocalSubscribe("c", 1)]
+
+
+def test_new_filter_never_steals_the_forwarding_copy():
+    """A copy routed before a new overlapping subscription took effect is still forwarded."""
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a/#"))
+    old = ri.local_subscriptions()["a/#"]
+    ri.apply_snapshot("p2", snap(1, "a/b"))  # Mosquitto has not applied it yet
+    assert ri.forward_targets("a/b", [old]).peers == {"p1", "p2"}
+
+
+def test_stale_ids_are_ignored():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "a", "b"))
+    ri.apply_delta("p1", delta(1, 2, removed=["b"]))
+    ri.apply_delta("p1", delta(2, 3, added=["c"]))  # reuses id 2
+    assert ri.local_subscriptions() == {"a": 1, "c": 2}
+    assert not ri.forward_targets("b", [2])  # a late copy for the old "b"
+    assert not ri.forward_targets("b", [99])
+    assert ri.forward_targets("c", [2]).peers == {"p1"}
+
+
+def test_shared_interest_joins_the_group_and_picks_one_peer():
+    ri = RemoteInterest()
+    [sub] = ri.apply_snapshot("p1", snap(1, "$share/g/a/+"))
+    assert sub == LocalSubscribe("$share/g/a/+", 1) and not sub.no_local
+    ri.apply_snapshot("p2", snap(1, "$share/g/a/+", "$share/h/a/+"))
+    ri.apply_snapshot("p3", snap(1, "$share/g/a/+"))
+    assert ri.shared_peers("g", "a/+") == {"p1", "p2", "p3"}
+    assert ri.peers_for("a/b") == set()  # shared interest is not plain interest
+    subs = ri.local_subscriptions()
+    assert subs.keys() == {"$share/g/a/+", "$share/h/a/+"}
+    picks = Counter()
+    for _ in range(300):
+        decisions = deliver(ri, "a/b")
+        for d in decisions:
+            assert not d.peers and len(d.shared) == 1
+        g = [d.shared[0] for d in decisions if d.shared[0].group == "g"]
+        h = [d.shared[0] for d in decisions if d.shared[0].group == "h"]
+        assert len(g) == 1 and h == [SharedDelivery("p2", "h", "a/+")]
+        picks[g[0].peer] += 1
+    assert picks == {"p1": 100, "p2": 100, "p3": 100}
+
+
+def test_shared_pick_avoids_down_peers_and_reports_unroutable():
+    ri = RemoteInterest(seed=1)
+    ri.apply_snapshot("p1", snap(1, "$share/g/t"))
+    ri.apply_snapshot("p2", snap(1, "$share/g/t"))
+    sid = ri.local_subscriptions()["$share/g/t"]
+    assert {ri.forward_targets("t", [sid], down={"p1"}).shared[0].peer for _ in range(5)} == {"p2"}
+    both_down = {ri.forward_targets("t", [sid], down={"p1", "p2"}).shared[0].peer for _ in range(4)}
+    assert both_down == {"p1", "p2"}
+    # the interest went away but a copy was already on its way
+    ri.apply_delta("p1", delta(1, 2, removed=["$share/g/t"]))
+    ri.apply_delta("p2", delta(1, 2, removed=["$share/g/t"]))
+    assert not ri.forward_targets("t", [sid])  # id no longer in use: stale copy
+
+
+def test_same_seed_same_picks():
+    def picks(seed):
+        ri = RemoteInterest(seed=seed)
+        for p in ("p1", "p2", "p3"):
+            ri.apply_snapshot(p, snap(1, "$share/g/t"))
+        sid = ri.local_subscriptions()["$share/g/t"]
+        return [ri.forward_targets("t", [sid]).shared[0].peer for _ in range(6)]
+
+    assert picks(5) == picks(5)
+    assert picks(0)[:3] == ["p1", "p2", "p3"] and picks(1)[:3] == ["p2", "p3", "p1"]
+
+
+def test_plain_and_shared_copies_of_one_message():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "t/#", "$share/g/t/+"))
+    ri.apply_snapshot("p2", snap(1, "t/+"))
+    decisions = deliver(ri, "t/x")
+    assert forwarded(decisions) == [{"p1", "p2"}]
+    assert [d.shared for d in decisions if d.shared] == [(SharedDelivery("p1", "g", "t/+"),)]
+
+
+def test_resubscribe_everything():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, "b", "a", "$share/g/c"))
+    assert ri.subscriptions() == [
+        LocalSubscribe("a", 1), LocalSubscribe("b", 2), LocalSubscribe("$share/g/c", 3)
+    ]
+
+
+def test_local_interest_versions_and_deltas():
+    li = LocalInterest()
+    assert li.snapshot() == InterestSnapshot(0, frozenset())
+    d1 = li.apply([InterestAdded(K("a")), InterestAdded(K("$share/g/b"))])
+    assert d1 == delta(0, 1, added=["a", "$share/g/b"])
+    assert li.apply([InterestAdded(K("a"))]) is None  # already there
+    assert li.apply([InterestAdded(K("c")), InterestRemoved(K("c"))]) is None  # cancels out
+    d2 = li.apply(
+        [InterestRemoved(K("a")), InterestAdded(K("a")), InterestRemoved(K("$share/g/b"))]
+    )
+    assert d2 == delta(1, 2, removed=["$share/g/b"])
+    assert li.snapshot() == snap(2, "a")
+    ri = RemoteInterest()
+    ri.apply_snapshot("me", snap(0))
+    assert ri.apply_delta("me", d1) and ri.apply_delta("me", d2)
+    assert ri.keys("me") == li.snapshot().keys
+
+
+# ---- properties ----------------------------------------------------------------------------
+
+LEVELS = ["a", "b", "$SYS", "+", "#"]
+
+
+def _filter(levels: list[str], group: str | None) -> str | None:
+    text = "/".join(levels)
+    if group is not None:
+        text = f"$share/{group}/{text}"
+    try:
+        parse_filter(text)
+    except TopicError:
+        return None
+    return text
+
+
+filters = st.builds(
+    _filter,
+    st.lists(st.sampled_from(LEVELS), min_size=1, max_size=3),
+    st.sampled_from([None, None, None, "g", "h"]),
+).filter(lambda f: f is not None)
+peers = st.sampled_from(["p1", "p2", "p3"])
+ops = st.lists(
+    st.tuples(st.sampled_from(["snap", "delta", "remove"]), peers, st.sets(filters, max_size=4),
+              st.sets(filters, max_size=3)),
+    max_size=25,
+)
+topics = st.lists(st.sampled_from(["a", "b", "$SYS", "x"]), min_size=1, max_size=4).map("/".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.lists(topics, min_size=1, max_size=5))
+def test_properties(operations, sample_topics):
+    ri = RemoteInterest()
+    model: dict[str, set[str]] = {}  # peer -> verbatim filters
+    versions: dict[str, int] = {}
+    subscribed: dict[str, int] = {}  # what Mosquitto would have, from the actions
+    for kind, peer, a, b in operations:
+        if kind == "snap":
+            versions[peer] = versions.get(peer, 0) + 1
+            actions = ri.apply_snapshot(peer, snap(versions[peer], *a))
+            model[peer] = set(a)
+        elif kind == "delta" and peer in model:
+            v = versions[peer]
+            versions[peer] = v + 1
+            actions = ri.apply_delta(peer, delta(v, v + 1, added=a, removed=b - a))
+            model[peer] = (model[peer] | a) - (b - a)
+        else:
+            actions = ri.remove_peer(peer)
+            model.pop(peer, None)
+            versions.pop(peer, None)
+        for action in actions:
+            if isinstance(action, LocalSubscribe):
+                assert action.filter not in subscribed
+                assert action.subscription_id not in subscribed.values()
+                subscribed[action.filter] = action.subscription_id
+            elif isinstance(action, LocalUnsubscribe):
+                assert subscribed.pop(action.filter) == action.subscription_id
+    wanted = set().union(*model.values()) if model else set()
+    assert subscribed == ri.local_subscriptions()
+    assert set(subscribed) == wanted
+    for topic in sample_topics:
+        decisions = deliver(ri, topic)
+        plain = {p for p, fs in model.items() if any(
+            matches(f, topic) for f in fs if not f.startswith("$share/"))}
+        assert forwarded(decisions) == ([plain] if plain else [])
+        shared_keys = {f for f in wanted if f.startswith("$share/") and matches(f, topic)}
+        deliveries = [s for d in decisions for s in d.shared]
+        assert len(deliveries) == len(shared_keys)
+        for s in deliveries:
+            assert f"$share/{s.group}/{s.filter}" in model[s.peer]
+        assert all(not d.unroutable for d in decisions)
