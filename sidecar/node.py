@@ -8,11 +8,13 @@ cores return, and publishes the node's status file (`<run_dir>/state.json`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -66,35 +68,67 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep a margin
+SOCKET_FALLBACK_ROOT = Path("/tmp/mqfed-sockets")
+
+
+def _mosquitto_user() -> pwd.struct_passwd | None:
+    """The user Mosquitto drops to when started as root (None when not root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("mosquitto")
+    except KeyError:
+        return None
+
+
+def _others_can_traverse(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.exists())
+
+
 class NodeLayout:
-    """Where a node keeps its files inside its run dir."""
+    """Where a node keeps its files inside its run dir.
+
+    The private socket lives in `<run_dir>/mosquitto/` unless that path is too long for a unix
+    socket or (as root) not reachable by the `mosquitto` user Mosquitto drops to; then it lives
+    in a folder under /tmp/mqfed-sockets/ named by a hash of the run dir (stable across
+    restarts, so a restarted sidecar finds its Mosquitto).
+    """
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.socket_dir = run_dir / "mosquitto"
-        self.socket_path = self.socket_dir / "mosquitto.sock"
         self.conf_path = run_dir / "mosquitto.conf"
         self.secret_path = run_dir / "secret"
         self.state_path = run_dir / "state.json"
+        self.socket_dir = run_dir / "mosquitto"
+        user = _mosquitto_user()
+        reachable = user is None or _others_can_traverse(run_dir)
+        if not reachable or len(str(self.socket_dir / "mosquitto.sock")) > SOCKET_PATH_MAX:
+            digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
+            self.socket_dir = SOCKET_FALLBACK_ROOT / digest
+        self.socket_path = self.socket_dir / "mosquitto.sock"
 
     def prepare(self) -> str:
         """Create the folders (the socket's one writable by Mosquitto's user); return the
         node's secret, created on first start."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.socket_dir.parent == SOCKET_FALLBACK_ROOT:
+            SOCKET_FALLBACK_ROOT.mkdir(mode=0o711, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
-        if os.geteuid() == 0:
-            try:
-                user = pwd.getpwnam("mosquitto")
-            except KeyError:
-                user = None
-            if user is not None:  # Mosquitto drops to this user before binding the socket
-                os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
-                self.socket_dir.chmod(0o750)
+        user = _mosquitto_user()
+        if user is not None:  # Mosquitto drops to this user before binding the socket
+            os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
+            self.socket_dir.chmod(0o750)
         if not self.secret_path.exists():
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(24))
         return self.secret_path.read_text().strip()
+
+    def remove_fallback_socket_dir(self) -> None:
+        """Remove the /tmp socket folder (if used) after Mosquitto stopped."""
+        if self.socket_dir.parent == SOCKET_FALLBACK_ROOT:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -> str:
@@ -144,6 +178,7 @@ class Node:
     def _run_actions(self, actions: list) -> None:
         for action in actions:
             if isinstance(action, Apply):
+                self._state_dirty = True
                 self._on_interest(self.table.apply(action.event))
             elif isinstance(action, LoadSnapshot):
                 self._on_interest(self.table.load_snapshot(action.snapshot))
@@ -220,7 +255,8 @@ class Node:
         if len(interest) > limit or len(sessions) > limit:
             return {"detail": f"omitted: more than {limit} filters or sessions"}
         return {
-            "interest": sorted([k.group, k.filter, n] for k, n in interest.items()),
+            "interest": sorted(([k.group, k.filter, n] for k, n in interest.items()),
+                               key=lambda row: (row[0] or "", row[1])),
             "sessions": {client: {"online": info.online, "persistent": info.persistent,
                                   "subscriptions": self.table.subscriptions(client)}
                          for client, info in sessions.items()},
@@ -285,6 +321,7 @@ class Node:
             self.link.close()
             if self.broker is not None:
                 await self.broker.stop()
+                self.layout.remove_fallback_socket_dir()
             self._publish_status()
         return 3 if self.protocol_error else 0
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.harness.procs import ProcessGroup
@@ -30,3 +34,14 @@ def procs(request: pytest.FixtureRequest, tmp_path):
         group.stop_all()
         if _test_failed(request):
             print(group.dump_logs())
+
+
+@pytest.fixture
+def readable_dir():
+    """A folder the `mosquitto` user can read (pytest's tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="mqfed-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+from sidecar.node import NodeLayout
 from sidecar.procinfo import pid_alive
 from tests.harness.procs import free_port, wait_for
 from tests.node.conftest import REPO, node_config
@@ -131,29 +132,31 @@ def test_conflicting_user_setting_is_refused(tmp_path):
 def test_plugin_not_loaded_fails_loudly(procs, tmp_path):
     """Attach mode against a Mosquitto without the plugin: a clear error, not a hang."""
     run_dir = tmp_path / "n1"
-    sock_dir = run_dir / "mosquitto"
-    sock_dir.mkdir(parents=True)
-    os.chmod(sock_dir, 0o777)
-    conf = tmp_path / "plain.conf"
-    conf.write_text(f"allow_anonymous true\nlistener 0 {sock_dir}/mosquitto.sock\n")
-    procs.start("plain-mosquitto", ["/usr/sbin/mosquitto", "-c", str(conf)])
-    wait_for(lambda: (sock_dir / "mosquitto.sock").exists(), 5, "plain mosquitto socket")
-    path = tmp_path / "n.toml"
-    path.write_text(f'[node]\nid = "n1"\nrun_dir = "{run_dir}"\n'
-                    '[mqtt]\nmanage = false\nlink_timeout = 2.0\n')
-    result = _run_node_cli(path)
-    assert result.returncode == 2
-    assert "mqfed plugin did not answer" in result.stderr
+    layout = NodeLayout(run_dir)
+    layout.prepare()
+    try:
+        conf = tmp_path / "plain.conf"
+        conf.write_text(f"allow_anonymous true\nlistener 0 {layout.socket_path}\n")
+        procs.start("plain-mosquitto", ["/usr/sbin/mosquitto", "-c", str(conf)])
+        wait_for(lambda: layout.socket_path.exists(), 5, "plain mosquitto socket")
+        path = tmp_path / "n.toml"
+        path.write_text(f'[node]\nid = "n1"\nrun_dir = "{run_dir}"\n'
+                        '[mqtt]\nmanage = false\nlink_timeout = 2.0\n')
+        result = _run_node_cli(path)
+        assert result.returncode == 2
+        assert "mqfed plugin did not answer" in result.stderr
+    finally:
+        procs.stop_all()
+        layout.remove_fallback_socket_dir()
 
 
-def test_user_settings_are_included_and_preserved(nodes, tmp_path):
+def test_user_settings_are_included_and_preserved(nodes, tmp_path, readable_dir):
     """The user's password file and extra listener keep working under mqfed."""
-    pwfile = tmp_path / "passwd"
+    pwfile = readable_dir / "passwd"
     subprocess.run(["mosquitto_passwd", "-b", "-c", str(pwfile), "carol", "s3cret"], check=True)
     os.chmod(pwfile, 0o644)
-    os.chmod(tmp_path, 0o755)
     extra = free_port()
-    user = tmp_path / "user.conf"
+    user = readable_dir / "user.conf"
     user.write_text(f"password_file {pwfile}\nallow_anonymous false\n"
                     f"listener {extra} 127.0.0.1\n")
     node = nodes.start(node_config(tmp_path, mqtt={"include": str(user)}))
@@ -179,4 +182,4 @@ def test_print_mosquitto_conf(tmp_path):
                              "--print-mosquitto-conf"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "plugin_opt_sidecar_secret" in result.stdout
-    assert f"listener 0 {tmp_path}/n1/mosquitto/mosquitto.sock" in result.stdout
+    assert "listener 0 /" in result.stdout and "mosquitto.sock" in result.stdout
