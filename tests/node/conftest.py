@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import render_toml
-from sidecar.procinfo import runs
+from sidecar.node import NodeLayout
+from sidecar.procinfo import pid_alive, runs
 from tests.harness.procs import ManagedProcess, ProcessGroup, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,9 +82,11 @@ class NodeStarter:
             try:
                 pid = int((run_dir / "mosquitto.pid").read_text())
             except (OSError, ValueError):
-                continue
+                pid = 0
             if runs(pid, "mosquitto", str(run_dir)):
                 os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: not pid_alive(pid), 5, f"mosquitto {pid} killed")
+            NodeLayout(run_dir).remove_fallback_socket_dir()
 
 
 @pytest.fixture
