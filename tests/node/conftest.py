@@ -85,7 +85,7 @@ class NodeStarter:
                 pid = 0
             if runs(pid, "mosquitto", str(run_dir)):
                 os.kill(pid, signal.SIGKILL)
-                wait_for(lambda: not pid_alive(pid), 5, f"mosquitto {pid} killed")
+                wait_for(lambda p=pid: not pid_alive(p), 5, f"mosquitto {pid} killed")
             NodeLayout(run_dir).remove_fallback_socket_dir()
 
 

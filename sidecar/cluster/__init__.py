@@ -1,0 +1,1 @@
+"""A local mqfed cluster on loopback: etcd, N nodes and an HAProxy front (`mqfed up`)."""

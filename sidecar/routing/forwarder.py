@@ -1,0 +1,160 @@
+"""`Forwarder`: the origin side of the hot path (sans-IO).
+
+The sidecar's forwarding client receives one copy of a local publish per matching forwarding
+subscription. For each copy the forwarder asks `RemoteInterest.forward_targets` what to do,
+stamps forwarded messages with an id `(node, incarnation, seq)` and an HLC time, and returns
+actions for the adapters. For QoS >= 1 it holds the local acknowledgement (manual PUBACK to
+Mosquitto) until every target peer has *settled* the message: acked it, or it sits durably in
+that peer's outbound queue, or the queue refused it (counted and logged by the caller). So a
+sidecar crash loses nothing (Mosquitto redelivers the unacked copy) and one slow peer never
+stalls the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from sidecar.hlc import HybridClock
+from sidecar.local.events import MessageProperties
+from sidecar.routing.interest import RemoteInterest
+from sidecar.routing.table import InterestKey
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """One message copy delivered to the forwarding client by the local Mosquitto."""
+
+    mid: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: MessageProperties = MessageProperties()
+    subscription_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A message on its way to a peer (the adapter turns it into `peer.proto`'s Envelope)."""
+
+    origin_node: str
+    origin_incarnation: int
+    origin_seq: int
+    hlc: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    properties: MessageProperties = MessageProperties()
+    shared_group: str | None = None
+    shared_filter: str = ""
+
+
+@dataclass(frozen=True)
+class AckLocal:
+    """Acknowledge copy `mid` to the local Mosquitto (manual ack)."""
+
+    mid: int
+    qos: int
+
+
+@dataclass(frozen=True)
+class SendEnvelope:
+    """QoS 0: send now if the peer's stream is up, else drop (fire and forget)."""
+
+    peer: str
+    envelope: Envelope
+
+
+@dataclass(frozen=True)
+class QueueEnvelope:
+    """QoS >= 1: append to the peer's outbound queue; settle it with `on_settled`."""
+
+    peer: str
+    envelope: Envelope
+
+
+@dataclass(frozen=True)
+class Unroutable:
+    """A shared-subscription copy for which no peer has members any more."""
+
+    key: InterestKey
+
+
+ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | Unroutable
+
+
+@dataclass
+class _Pending:
+    mid: int
+    qos: int
+    waiting: set[str] = field(default_factory=set)
+
+
+class Forwarder:
+    """Turns local copies into envelopes and releases local acks once peers settled them."""
+
+    def __init__(self, node_id: str, incarnation: int, interest: RemoteInterest,
+                 clock: HybridClock) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.interest = interest
+        self.clock = clock
+        self._seq = 0
+        self._pending: dict[int, _Pending] = {}  # origin seq -> local copy waiting for peers
+        self.forwarded = 0
+        self.skipped = 0
+        self.unroutable = 0
+
+    @property
+    def pending(self) -> int:
+        """QoS >= 1 messages whose local ack waits for at least one peer."""
+        return len(self._pending)
+
+    def on_copy(self, copy: LocalCopy, wall_ms: int,
+                down: Collection[str] = ()) -> list[ForwardAction]:
+        """Decide what to do with one copy; the last action acks it locally when nothing waits."""
+        decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
+        actions: list[ForwardAction] = [Unroutable(key) for key in decision.unroutable]
+        self.unroutable += len(decision.unroutable)
+        targets = [(peer, None, "") for peer in sorted(decision.peers)]
+        targets += [(s.peer, s.group, s.filter) for s in decision.shared]
+        if not targets:
+            self.skipped += 1
+            actions.append(AckLocal(copy.mid, copy.qos))
+            return actions
+        self._seq += 1
+        self.forwarded += 1
+        seq = self._seq
+        hlc = self.clock.now(wall_ms).pack()
+        for peer, group, shared_filter in targets:
+            env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
+                           copy.qos, copy.retain, copy.properties, group, shared_filter)
+            actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
+        if copy.qos == 0:
+            actions.append(AckLocal(copy.mid, 0))
+        else:
+            self._pending[seq] = _Pending(copy.mid, copy.qos, {peer for peer, _, _ in targets})
+        return actions
+
+    def on_settled(self, peer: str, seqs: Iterable[int]) -> list[AckLocal]:
+        """`peer` acked, durably queued or refused these seqs; return the local acks now due."""
+        out: list[AckLocal] = []
+        for seq in seqs:
+            pending = self._pending.get(seq)
+            if pending is None:
+                continue
+            pending.waiting.discard(peer)
+            if not pending.waiting:
+                del self._pending[seq]
+                out.append(AckLocal(pending.mid, pending.qos))
+        return out
+
+    def on_peer_removed(self, peer: str) -> list[AckLocal]:
+        """`peer` left the cluster: nothing waits for it any more."""
+        return self.on_settled(peer, [s for s, p in self._pending.items() if peer in p.waiting])
+
+    def waiting_for(self, peer: str) -> list[int]:
+        """Seqs whose local ack still waits for `peer`, oldest first."""
+        return [seq for seq, p in self._pending.items() if peer in p.waiting]

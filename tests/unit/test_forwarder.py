@@ -1,0 +1,93 @@
+"""Forwarder: one envelope per peer per message, local ack only when every peer settled."""
+
+from __future__ import annotations
+
+from sidecar.hlc import HybridClock
+from sidecar.routing.forwarder import (
+    AckLocal,
+    Forwarder,
+    LocalCopy,
+    QueueEnvelope,
+    SendEnvelope,
+    Unroutable,
+)
+from sidecar.routing.interest import InterestSnapshot, RemoteInterest
+from sidecar.routing.table import InterestKey
+
+
+def _setup(**peers: list[str]) -> tuple[Forwarder, dict[str, int]]:
+    interest = RemoteInterest()
+    for peer, filters in peers.items():
+        keys = frozenset(InterestKey.parse(f) for f in filters)
+        interest.apply_snapshot(peer, InterestSnapshot(1, keys))
+    return Forwarder("n1", 7, interest, HybridClock()), interest.local_subscriptions()
+
+
+def test_qos1_waits_for_every_target_peer():
+    fwd, sids = _setup(n2=["a/#"], n3=["a/+"], n4=["b/#"])
+    copy = LocalCopy(mid=11, topic="a/x", payload=b"p", qos=1, retain=False,
+                     subscription_ids=(sids["a/#"],))
+    actions = fwd.on_copy(copy, wall_ms=1000)
+    queued = [a for a in actions if isinstance(a, QueueEnvelope)]
+    assert sorted(a.peer for a in queued) == ["n2", "n3"]
+    env = queued[0].envelope
+    assert (env.origin_node, env.origin_incarnation, env.origin_seq) == ("n1", 7, 1)
+    assert not any(isinstance(a, AckLocal) for a in actions)
+    assert fwd.on_settled("n2", [1]) == []
+    assert fwd.on_settled("n3", [1]) == [AckLocal(11, 1)]
+    assert fwd.pending == 0
+
+
+def test_overlapping_filters_forward_once():
+    fwd, sids = _setup(n2=["a/#", "a/+"])
+    first = fwd.on_copy(LocalCopy(1, "a/x", b"", 0, False, subscription_ids=(sids["a/#"],)), 1)
+    second = fwd.on_copy(LocalCopy(2, "a/x", b"", 0, False, subscription_ids=(sids["a/+"],)), 1)
+    sends = [a for a in first + second if isinstance(a, SendEnvelope)]
+    assert len(sends) == 1 and sends[0].peer == "n2"
+    assert AckLocal(1, 0) in first and AckLocal(2, 0) in second
+
+
+def test_copy_nobody_wants_is_acked_at_once():
+    fwd, sids = _setup(n2=["a/#"])
+    actions = fwd.on_copy(LocalCopy(5, "zzz", b"", 2, False, subscription_ids=(999,)), 1)
+    assert actions == [AckLocal(5, 2)]
+    assert fwd.skipped == 1
+
+
+def test_shared_copy_goes_to_one_peer_and_unroutable_is_reported():
+    fwd, sids = _setup(n2=["$share/g/job/#"], n3=["$share/g/job/#"])
+    sid = sids["$share/g/job/#"]
+    picked = []
+    for mid in range(4):
+        actions = fwd.on_copy(LocalCopy(mid, "job/1", b"", 1, False, subscription_ids=(sid,)), 1)
+        queued = [a for a in actions if isinstance(a, QueueEnvelope)]
+        assert len(queued) == 1 and queued[0].envelope.shared_group == "g"
+        picked.append(queued[0].peer)
+    assert set(picked) == {"n2", "n3"}
+    fwd.interest.remove_peer("n2")
+    fwd.interest.remove_peer("n3")
+    assert fwd.on_copy(LocalCopy(9, "job/1", b"", 1, False, subscription_ids=(sid,)), 1) == [
+        AckLocal(9, 1)]
+
+
+def test_shared_copy_prefers_peers_whose_stream_is_up():
+    fwd, sids = _setup(n2=["$share/g/job/#"], n3=["$share/g/job/#"])
+    sid = sids["$share/g/job/#"]
+    for mid in range(4):
+        actions = fwd.on_copy(LocalCopy(mid, "job/1", b"", 1, False, subscription_ids=(sid,)), 1,
+                              down={"n2"})
+        assert [a.peer for a in actions if isinstance(a, QueueEnvelope)] == ["n3"]
+    # every holder down: still queued for one of them (it is durable in that peer's queue)
+    actions = fwd.on_copy(LocalCopy(9, "job/1", b"", 1, False, subscription_ids=(sid,)), 1,
+                          down={"n2", "n3"})
+    assert len([a for a in actions if isinstance(a, QueueEnvelope)]) == 1
+    assert not any(isinstance(a, Unroutable) for a in actions)
+
+
+def test_peer_removed_releases_waiting_acks_and_seqs_increase():
+    fwd, sids = _setup(n2=["t"], n3=["t"])
+    for mid in (1, 2):
+        fwd.on_copy(LocalCopy(mid, "t", b"", 1, False, subscription_ids=(sids["t"],)), mid)
+    assert fwd.waiting_for("n3") == [1, 2]
+    fwd.on_settled("n2", [1, 2])
+    assert fwd.on_peer_removed("n3") == [AckLocal(1, 1), AckLocal(2, 1)]
