@@ -184,7 +184,7 @@ class Node:
                 self._on_interest(self.table.load_snapshot(action.snapshot))
             elif isinstance(action, SendAck):
                 assert self.link is not None
-                self.link.send("ack", seq=action.seq)
+                self.link.send("ack", seq=action.seq, epoch=self.stream.epoch)
             elif isinstance(action, RequestSnapshot):
                 self._spawn(self._take_snapshot())
             elif isinstance(action, RequestResume):
@@ -215,7 +215,7 @@ class Node:
     async def _resume(self, from_seq: int) -> None:
         assert self.link is not None
         try:
-            reply = await self.link.request("resume", from_seq=from_seq)
+            reply = await self.link.request("resume", from_seq=from_seq, epoch=self.stream.epoch)
         except (ProtocolError, LinkError) as exc:
             log.info("resume refused, re-syncing from a snapshot", extra={"error": str(exc)})
             self._run_actions(self.stream.on_resume_failed())

@@ -1,0 +1,408 @@
+/* Commands from the sidecar on $CONTROL/mqfed/v1 and their replies. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mqfed.h"
+
+/* ---- deny list ------------------------------------------------------------------------- */
+
+struct deny *deny_find(const char *id)
+{
+	struct deny *d = NULL;
+
+	if(id == NULL || g.denies == NULL) return NULL;
+	HASH_FIND_STR(g.denies, id, d);
+	return d;
+}
+
+unsigned deny_count(void)
+{
+	return HASH_COUNT(g.denies);
+}
+
+static void deny_remove(struct deny *d)
+{
+	HASH_DEL(g.denies, d);
+	free(d->id);
+	free(d);
+}
+
+void deny_cleanup(void)
+{
+	struct deny *d, *tmp;
+
+	HASH_ITER(hh, g.denies, d, tmp){
+		deny_remove(d);
+	}
+}
+
+/* ---- replies --------------------------------------------------------------------------- */
+
+struct request {
+	const char *id;
+	const char *reply;
+	const char *cmd;
+};
+
+static cJSON *reply_new(const struct request *rq, bool ok)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if(o == NULL) return NULL;
+	cJSON_AddNumberToObject(o, "v", 1);
+	cJSON_AddStringToObject(o, "id", rq->id);
+	cjson_add_str_or_null(o, "cmd", rq->cmd);
+	cJSON_AddBoolToObject(o, "ok", ok);
+	return o;
+}
+
+static void reply_send(const struct request *rq, cJSON *o)
+{
+	char *json;
+	int rc;
+
+	if(o == NULL){
+		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory building a reply to %s", rq->id);
+		return;
+	}
+	json = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if(json == NULL){
+		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory printing a reply to %s", rq->id);
+		return;
+	}
+	/* addressed to the sidecar's client id: no subscription needed, never seen by others */
+	rc = mosquitto_broker_publish_copy(g.sidecar_id, rq->reply, (int)strlen(json), json, 1,
+			false, NULL);
+	if(rc != MOSQ_ERR_SUCCESS){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing a reply failed (%d)", rc);
+	}
+	free(json);
+}
+
+static void reply_error(const struct request *rq, const char *code)
+{
+	cJSON *o = reply_new(rq, false);
+
+	if(o) cJSON_AddStringToObject(o, "error", code);
+	reply_send(rq, o);
+}
+
+static void reply_ok(const struct request *rq)
+{
+	reply_send(rq, reply_new(rq, true));
+}
+
+static const char *get_str(const cJSON *req, const char *key)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, key);
+
+	return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+/* A non-negative integer field; false if missing or not an integer. */
+static bool get_uint(const cJSON *req, const char *key, uint64_t *out)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, key);
+
+	if(!cJSON_IsNumber(j)) return false;
+	if(j->valuedouble < 0 || j->valuedouble > 9007199254740992.0
+			|| floor(j->valuedouble) != j->valuedouble){
+		return false;
+	}
+	*out = (uint64_t)j->valuedouble;
+	return true;
+}
+
+/* ---- commands -------------------------------------------------------------------------- */
+
+static void cmd_snapshot(const struct request *rq)
+{
+	unsigned n = model_sessions();
+	unsigned per = g.snapshot_chunk;
+	unsigned chunks = n == 0 ? 1 : (n + per - 1) / per;
+	unsigned chunk = 0, in_chunk = 0;
+	uint64_t cut = ev_snapshot_cut();
+	struct client *c, *tmp;
+	cJSON *o = NULL, *list = NULL;
+
+	HASH_ITER(hh, g.clients, c, tmp){
+		if(o == NULL){
+			o = reply_new(rq, true);
+			if(o){
+				cJSON_AddStringToObject(o, "epoch", g.epoch);
+				cJSON_AddNumberToObject(o, "seq", (double)cut);
+				cJSON_AddNumberToObject(o, "chunk", chunk);
+				cJSON_AddNumberToObject(o, "chunks", chunks);
+				list = cJSON_AddArrayToObject(o, "clients");
+			}
+		}
+		if(list) cJSON_AddItemToArray(list, model_client_json(c));
+		in_chunk++;
+		if(in_chunk == per){
+			reply_send(rq, o);
+			o = NULL;
+			list = NULL;
+			in_chunk = 0;
+			chunk++;
+		}
+	}
+	if(chunk < chunks){
+		if(o == NULL){
+			o = reply_new(rq, true);
+			if(o){
+				cJSON_AddStringToObject(o, "epoch", g.epoch);
+				cJSON_AddNumberToObject(o, "seq", (double)cut);
+				cJSON_AddNumberToObject(o, "chunk", chunk);
+				cJSON_AddNumberToObject(o, "chunks", chunks);
+				cJSON_AddArrayToObject(o, "clients");
+			}
+		}
+		reply_send(rq, o);
+	}
+	ev_publish_pending();
+}
+
+static void cmd_resume(const struct request *rq, const cJSON *req)
+{
+	uint64_t from, oldest = ev_oldest();
+	const char *epoch = get_str(req, "epoch");
+	bool ok;
+	cJSON *o;
+
+	if(!get_uint(req, "from_seq", &from)){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	ok = from >= oldest && from <= g.next_seq && (epoch == NULL || streq(epoch, g.epoch));
+	o = reply_new(rq, ok);
+	if(o){
+		cJSON_AddStringToObject(o, "epoch", g.epoch);
+		cJSON_AddNumberToObject(o, "from_seq", (double)from);
+		if(!ok){
+			cJSON_AddStringToObject(o, "error", "gap");
+			cJSON_AddNumberToObject(o, "oldest", (double)oldest);
+		}
+	}
+	reply_send(rq, o); /* the reply comes before the replayed events */
+	if(ok){
+		ev_resume(from, &oldest);
+	}
+}
+
+static void cmd_deliver(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const char *topic = get_str(req, "topic");
+	const char *payload = get_str(req, "payload");
+	uint64_t qos;
+	unsigned char *buf = NULL;
+	size_t len = 0;
+	mosquitto_property *props = NULL;
+	struct client *c;
+	cJSON *o;
+	int rc;
+
+	if(client == NULL || topic == NULL || payload == NULL || !get_uint(req, "qos", &qos) || qos > 2
+			|| mosquitto_pub_topic_check(topic) != MOSQ_ERR_SUCCESS){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	c = model_find(client);
+	if(c == NULL){
+		reply_error(rq, "unknown_client");
+		return;
+	}
+	if(b64_decode(payload, &buf, &len) || len > INT32_MAX){
+		free(buf);
+		reply_error(rq, "bad_request");
+		return;
+	}
+	if(properties_from_json(cJSON_GetObjectItemCaseSensitive(req, "properties"), &props)){
+		free(buf);
+		reply_error(rq, "bad_request");
+		return;
+	}
+	rc = mosquitto_broker_publish_copy(client, topic, (int)len, buf, (int)qos, false, props);
+	free(buf);
+	if(rc != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&props);
+		reply_error(rq, "internal");
+		return;
+	}
+	o = reply_new(rq, true);
+	if(o) cJSON_AddBoolToObject(o, "queued", !c->online);
+	reply_send(rq, o);
+}
+
+static void cmd_kick(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const cJSON *ww = cJSON_GetObjectItemCaseSensitive(req, "with_will");
+	struct client *c;
+	char *id;
+
+	if(client == NULL || (ww && !cJSON_IsBool(ww))){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	c = model_find(client);
+	if(c == NULL || !c->online || c->conn == NULL){
+		/* Kicking an offline session is a use-after-free in 2.0.11: never do it. */
+		reply_error(rq, "not_connected");
+		return;
+	}
+	id = strdup(c->id); /* c may be freed by the DISCONNECT callback during the kick */
+	if(id == NULL){
+		reply_error(rq, "internal");
+		return;
+	}
+	/* Debian's CVE-2021-34434 fix re-runs the subscribe ACL check (qos 0) for every subscription
+	 * inside this call: g.kicking marks those checks as re-checks. */
+	g.kicking = c->conn;
+	mosquitto_kick_client_by_clientid(id, cJSON_IsTrue(ww));
+	g.kicking = NULL;
+	free(id);
+	reply_ok(rq);
+}
+
+static void cmd_deny(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const char *mode = get_str(req, "mode");
+	struct deny *d;
+
+	if(client == NULL || mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse"))){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	d = deny_find(client);
+	if(d == NULL){
+		d = calloc(1, sizeof(*d));
+		if(d) d->id = strdup(client);
+		if(d == NULL || d->id == NULL){
+			free(d);
+			reply_error(rq, "internal");
+			return;
+		}
+		HASH_ADD_KEYPTR(hh, g.denies, d->id, strlen(d->id), d);
+	}
+	d->refuse = streq(mode, "refuse");
+	reply_ok(rq);
+}
+
+static void cmd_admit(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	struct deny *d;
+
+	if(client == NULL){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	d = deny_find(client);
+	if(d) deny_remove(d);
+	reply_ok(rq);
+}
+
+static void cmd_stats(const struct request *rq)
+{
+	cJSON *o = reply_new(rq, true);
+	cJSON *cal;
+
+	if(o){
+		cJSON_AddStringToObject(o, "epoch", g.epoch);
+		cJSON_AddNumberToObject(o, "seq", (double)(g.next_seq - 1));
+		cJSON_AddNumberToObject(o, "acked", (double)g.acked);
+		cJSON_AddNumberToObject(o, "buffered", (double)g.ring_len);
+		cJSON_AddNumberToObject(o, "buffered_bytes", (double)g.buf_bytes);
+		cJSON_AddNumberToObject(o, "clients", g.n_online);
+		cJSON_AddNumberToObject(o, "sessions", model_sessions());
+		cJSON_AddNumberToObject(o, "subscriptions", (double)g.n_subs);
+		cJSON_AddNumberToObject(o, "events_total", (double)g.events_total);
+		cJSON_AddNumberToObject(o, "overflows", (double)g.overflows);
+		cJSON_AddNumberToObject(o, "denied", deny_count());
+		cJSON_AddNumberToObject(o, "denied_connects", (double)g.denied_connects);
+		cJSON_AddNumberToObject(o, "published", (double)(g.pub_next - 1));
+		cal = cJSON_AddObjectToObject(o, "calibration");
+		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
+	}
+	reply_send(rq, o);
+}
+
+int on_control(int event, void *event_data, void *userdata)
+{
+	struct mosquitto_evt_control *ed = event_data;
+	struct request rq;
+	cJSON *req;
+	const cJSON *v;
+	uint64_t seq;
+
+	(void)event;
+	(void)userdata;
+	if(ed->client != g.sidecar || g.sidecar == NULL){
+		/* The ACL check already refuses this; never act on anyone but the sidecar. */
+		return MOSQ_ERR_SUCCESS;
+	}
+	pending_resolve_all(); /* every pending connect is accepted by now: keep the model whole */
+
+	req = cJSON_ParseWithLength(ed->payload, ed->payloadlen);
+	if(!cJSON_IsObject(req)){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring a malformed command (not a JSON object)");
+		cJSON_Delete(req);
+		return MOSQ_ERR_SUCCESS;
+	}
+	rq.id = get_str(req, "id");
+	rq.reply = get_str(req, "reply");
+	rq.cmd = get_str(req, "cmd");
+	v = cJSON_GetObjectItemCaseSensitive(req, "v");
+
+	if(streq(rq.cmd, "ack") && cJSON_IsNumber(v) && v->valuedouble == 1){
+		const char *epoch = get_str(req, "epoch");
+		if(epoch && !streq(epoch, g.epoch)){
+			/* an ack for an earlier plugin run: acking now would drop this run's events */
+		}else if(get_uint(req, "seq", &seq)){
+			ev_ack(seq);
+		}else{
+			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring an ack without a valid seq");
+		}
+		cJSON_Delete(req);
+		return MOSQ_ERR_SUCCESS;
+	}
+	if(rq.id == NULL || rq.reply == NULL
+			|| strncmp(rq.reply, MQFED_REPLY_PREFIX, strlen(MQFED_REPLY_PREFIX)) != 0
+			|| mosquitto_pub_topic_check(rq.reply) != MOSQ_ERR_SUCCESS){
+		mosquitto_log_printf(MOSQ_LOG_WARNING,
+				"mqfed: ignoring a command without a usable id and reply topic (under "
+				MQFED_REPLY_PREFIX ")");
+		cJSON_Delete(req);
+		return MOSQ_ERR_SUCCESS;
+	}
+
+	if(!cJSON_IsNumber(v) || v->valuedouble != 1){
+		reply_error(&rq, "unsupported_version");
+	}else if(rq.cmd == NULL){
+		reply_error(&rq, "bad_request");
+	}else if(streq(rq.cmd, "snapshot")){
+		cmd_snapshot(&rq);
+	}else if(streq(rq.cmd, "resume")){
+		cmd_resume(&rq, req);
+	}else if(streq(rq.cmd, "deliver")){
+		cmd_deliver(&rq, req);
+	}else if(streq(rq.cmd, "kick")){
+		cmd_kick(&rq, req);
+	}else if(streq(rq.cmd, "deny")){
+		cmd_deny(&rq, req);
+	}else if(streq(rq.cmd, "admit")){
+		cmd_admit(&rq, req);
+	}else if(streq(rq.cmd, "stats")){
+		cmd_stats(&rq);
+	}else if(streq(rq.cmd, "ack")){
+		reply_error(&rq, "unsupported_version");
+	}else{
+		reply_error(&rq, "unknown_command");
+	}
+	cJSON_Delete(req);
+	return MOSQ_ERR_SUCCESS;
+}

@@ -1,0 +1,450 @@
+/* The plugin's own model of clients, sessions and subscriptions.
+ *
+ * Every change of the model goes through one of the emit_* / model_* functions below, which
+ * change the model AND emit the matching event in the same step. So the model always equals
+ * "every event emitted so far", which is what makes a snapshot a consistent cut.
+ *
+ * Connections are "pending" between our BASIC_AUTH callback and the moment we know every
+ * provider accepted them: the next TICK, any later event of that connection, any command, or
+ * its DISCONNECT (client id still set = accepted; id NULL = a later provider refused it, since
+ * handle_connect.c frees the id before disconnecting a refused client). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mqfed.h"
+
+static const char *proto_name(int p)
+{
+	switch(p){
+		case 3: return "mqtt31";
+		case 4: return "mqtt311";
+		case 5: return "mqtt5";
+		default: return "unknown";
+	}
+}
+
+struct client *model_find(const char *id)
+{
+	struct client *c = NULL;
+
+	if(id == NULL) return NULL;
+	HASH_FIND_STR(g.clients, id, c);
+	return c;
+}
+
+unsigned model_sessions(void)
+{
+	return HASH_COUNT(g.clients);
+}
+
+static struct client *client_new(const char *id)
+{
+	struct client *c = calloc(1, sizeof(*c));
+
+	if(c == NULL) return NULL;
+	c->id = strdup(id);
+	if(c->id == NULL){
+		free(c);
+		return NULL;
+	}
+	c->expiry = EXPIRY_UNKNOWN;
+	HASH_ADD_KEYPTR(hh, g.clients, c->id, strlen(c->id), c);
+	return c;
+}
+
+static void client_clear_subs(struct client *c)
+{
+	struct sub *s, *tmp;
+
+	HASH_ITER(hh, c->subs, s, tmp){
+		HASH_DEL(c->subs, s);
+		free(s->filter);
+		free(s);
+	}
+	g.n_subs -= c->sub_count;
+	c->sub_count = 0;
+}
+
+static void client_set_offline(struct client *c)
+{
+	if(c->online){
+		c->online = false;
+		g.n_online--;
+	}
+	c->conn = NULL;
+}
+
+static void client_remove(struct client *c)
+{
+	client_set_offline(c);
+	client_clear_subs(c);
+	HASH_DEL(g.clients, c);
+	free(c->id);
+	free(c->username);
+	free(c);
+}
+
+void model_cleanup(void)
+{
+	struct client *c, *ctmp;
+	struct pending *p, *ptmp;
+
+	HASH_ITER(hh, g.clients, c, ctmp){
+		client_remove(c);
+	}
+	HASH_ITER(hh, g.pending, p, ptmp){
+		pending_drop(p);
+	}
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+void emit_connect_rejected(const char *id, const char *username, const char *reason)
+{
+	cJSON *ev = ev_new("connect_rejected");
+
+	if(ev){
+		cjson_add_str_or_null(ev, "client", id);
+		cjson_add_str_or_null(ev, "username", username);
+		cJSON_AddStringToObject(ev, "reason", reason);
+	}
+	ev_emit(ev);
+}
+
+static void emit_session_expired(struct client *c)
+{
+	cJSON *ev = ev_new("session_expired");
+
+	if(ev) cJSON_AddStringToObject(ev, "client", c->id);
+	client_remove(c);
+	ev_emit(ev);
+}
+
+static void emit_disconnect(struct client *c, bool taken_over, bool kept, int64_t expiry)
+{
+	cJSON *ev = ev_new("disconnect");
+
+	if(ev){
+		cJSON_AddStringToObject(ev, "client", c->id);
+		cJSON_AddBoolToObject(ev, "taken_over", taken_over);
+		cJSON_AddBoolToObject(ev, "session_kept", kept);
+		cjson_add_expiry(ev, "session_expiry", expiry);
+	}
+	if(kept){
+		client_set_offline(c);
+		c->expiry = expiry;
+		c->expire_at = 0;
+		if(!taken_over && expiry > 0 && expiry < EXPIRY_NEVER){
+			c->expire_at = time(NULL) + (time_t)expiry;
+		}
+	}else{
+		client_remove(c);
+	}
+	ev_emit(ev);
+}
+
+/* ---- pending connects ------------------------------------------------------------------- */
+
+struct pending *pending_find(struct mosquitto *conn)
+{
+	struct pending *p = NULL;
+
+	if(g.pending == NULL) return NULL;
+	HASH_FIND_PTR(g.pending, &conn, p);
+	return p;
+}
+
+struct pending *pending_find_id(const char *id, struct mosquitto *not_conn)
+{
+	struct pending *p, *tmp;
+
+	HASH_ITER(hh, g.pending, p, tmp){
+		if(p->conn != not_conn && streq(p->id, id)) return p;
+	}
+	return NULL;
+}
+
+void pending_drop(struct pending *p)
+{
+	HASH_DEL(g.pending, p);
+	free(p->id);
+	free(p->username);
+	free(p);
+}
+
+void pending_add(struct mosquitto *conn, const char *id, const char *username)
+{
+	struct pending *p = pending_find(conn);
+	struct client *c;
+
+	if(p) pending_drop(p);
+	p = calloc(1, sizeof(*p));
+	if(p == NULL) return;
+	p->conn = conn;
+	p->id = strdup(id);
+	p->username = xstrdup(username);
+	if(p->id == NULL || (username && p->username == NULL)){
+		free(p->id);
+		free(p->username);
+		free(p);
+		return;
+	}
+	p->clean_start = mosquitto_client_clean_session(conn);
+	/* A live connection with this id is about to be taken over: read its session expiry now,
+	 * Mosquitto zeroes it before the old connection's DISCONNECT callback. */
+	c = model_find(id);
+	if(c && c->online && c->conn && c->conn != conn){
+		p->have_old_expiry = true;
+		p->old_expiry = client_expiry(c->conn);
+		if(p->old_expiry < 0) p->old_expiry = c->expiry;
+	}
+	p->order = ++g.pending_order;
+	HASH_ADD_PTR(g.pending, conn, p);
+}
+
+void pending_reject(struct pending *p)
+{
+	emit_connect_rejected(p->id, p->username, "auth");
+	pending_drop(p);
+}
+
+/* The connection was accepted by every provider: add it to the model, emit `connect`. */
+void pending_resolve(struct pending *p)
+{
+	struct mosquitto *conn = p->conn;
+	struct client *c = model_find(p->id);
+	bool clean = mosquitto_client_clean_session(conn);
+	int proto = mosquitto_client_protocol_version(conn);
+	int64_t expiry = client_expiry(conn);
+	bool present = false;
+	const char *username = mosquitto_client_username(conn);
+	const char *address = mosquitto_client_address(conn);
+	cJSON *ev;
+
+	if(c && c->online && c->conn != conn){
+		/* Its DISCONNECT should have come first; stay consistent anyway. */
+		emit_disconnect(c, true, !clean && c->expiry != 0, c->expiry);
+		c = model_find(p->id);
+	}
+	if(c && !clean && c->expiry != 0){
+		present = true;
+		if(c->sub_count > 0 && mosquitto_client_sub_count(conn) == 0){
+			/* Mosquitto expired the session a moment before our own timer did. */
+			emit_session_expired(c);
+			c = NULL;
+			present = false;
+		}
+	}
+	if(c && !present){
+		client_clear_subs(c); /* clean start, or nothing to resume: the old session is gone */
+	}
+	if(c == NULL){
+		c = client_new(p->id);
+	}
+	ev = ev_new("connect");
+	if(ev){
+		cJSON_AddStringToObject(ev, "client", p->id);
+		cjson_add_str_or_null(ev, "username", username);
+		cJSON_AddStringToObject(ev, "protocol", proto_name(proto));
+		cJSON_AddBoolToObject(ev, "clean_start", clean);
+		cjson_add_expiry(ev, "session_expiry", expiry);
+		cJSON_AddNumberToObject(ev, "keepalive", mosquitto_client_keepalive(conn));
+		cJSON_AddBoolToObject(ev, "session_present", present);
+		cjson_add_str_or_null(ev, "address", address);
+	}
+	if(c){
+		free(c->username);
+		c->username = xstrdup(username);
+		c->protocol = proto;
+		c->clean_start = clean;
+		c->expiry = expiry;
+		c->keepalive = mosquitto_client_keepalive(conn);
+		if(!c->online){
+			c->online = true;
+			g.n_online++;
+		}
+		c->conn = conn;
+		c->expire_at = 0;
+	}else{
+		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory adding client %s", p->id);
+	}
+	pending_drop(p);
+	ev_emit(ev);
+}
+
+void pending_resolve_all(void)
+{
+	struct pending *p, *tmp;
+
+	HASH_ITER(hh, g.pending, p, tmp){
+		pending_resolve(p);
+	}
+}
+
+/* The model entry of a live connection for an event it caused (resolving its pending connect
+ * first). With `adopt`, a live client we never saw authenticate (v5 extended auth, TLS identity
+ * as username: no BASIC_AUTH callback) is added with a synthetic connect. */
+struct client *model_client_for_event(struct mosquitto *conn, bool adopt)
+{
+	struct pending *p = pending_find(conn);
+	const char *id;
+	struct client *c;
+
+	if(p) pending_resolve(p);
+	id = mosquitto_client_id(conn);
+	if(id == NULL) return NULL;
+	c = model_find(id);
+	if(c && c->online && c->conn == conn) return c;
+	if(!adopt || streq(id, g.sidecar_id) || (c && c->online)) return NULL;
+	pending_add(conn, id, mosquitto_client_username(conn));
+	p = pending_find(conn);
+	if(p == NULL) return NULL;
+	pending_resolve(p);
+	c = model_find(id);
+	return (c && c->conn == conn) ? c : NULL;
+}
+
+void model_on_disconnect(struct mosquitto *conn)
+{
+	struct pending *p = pending_find(conn);
+	const char *id = mosquitto_client_id(conn);
+	struct client *c;
+	struct pending *p2;
+
+	if(p){
+		if(id == NULL){
+			pending_reject(p);
+			return;
+		}
+		pending_resolve(p); /* accepted, then closed before the next tick */
+	}
+	if(id == NULL) return;
+	c = model_find(id);
+	/* Not ours: never connected, the sidecar's old connection, or an offline session whose
+	 * context Mosquitto disconnects once more when a new connection takes it over. */
+	if(c == NULL || !c->online || c->conn != conn) return;
+
+	p2 = pending_find_id(id, conn);
+	if(p2){
+		/* Takeover: connect__on_authorised() of the new connection is running right now. The
+		 * session moves to it when it asked for clean start false and the old one had an
+		 * expiry; Mosquitto has already zeroed the old connection's fields. */
+		int64_t old = p2->have_old_expiry ? p2->old_expiry : c->expiry;
+		emit_disconnect(c, true, !p2->clean_start && old != 0, old);
+	}else{
+		int64_t expiry = client_expiry(conn);
+		/* expiry 0: Mosquitto frees the session right after this callback.
+		 * unknown (v5, calibration failed): assume kept (fail-safe: never lose a session). */
+		emit_disconnect(c, false, expiry != 0, expiry);
+	}
+}
+
+void model_subscribe(struct client *c, const char *filter, uint8_t qos)
+{
+	struct sub *s = NULL;
+	cJSON *ev;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	if(s && s->qos == qos) return; /* no change (e.g. the same subscription again) */
+	if(s){
+		s->qos = qos;
+	}else{
+		s = calloc(1, sizeof(*s));
+		if(s == NULL) return;
+		s->filter = strdup(filter);
+		if(s->filter == NULL){
+			free(s);
+			return;
+		}
+		s->qos = qos;
+		HASH_ADD_KEYPTR(hh, c->subs, s->filter, strlen(s->filter), s);
+		c->sub_count++;
+		g.n_subs++;
+	}
+	ev = ev_new("subscribe");
+	if(ev){
+		cJSON_AddStringToObject(ev, "client", c->id);
+		cJSON_AddStringToObject(ev, "filter", filter);
+		cJSON_AddNumberToObject(ev, "qos", qos);
+		cJSON_AddNullToObject(ev, "options");
+		cJSON_AddNullToObject(ev, "subscription_id");
+	}
+	ev_emit(ev);
+}
+
+void model_unsubscribe(struct client *c, const char *filter)
+{
+	struct sub *s = NULL;
+	cJSON *ev;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	if(s == NULL) return; /* it had no such subscription: nothing changes */
+	HASH_DEL(c->subs, s);
+	free(s->filter);
+	free(s);
+	c->sub_count--;
+	g.n_subs--;
+	ev = ev_new("unsubscribe");
+	if(ev){
+		cJSON_AddStringToObject(ev, "client", c->id);
+		cJSON_AddStringToObject(ev, "filter", filter);
+	}
+	ev_emit(ev);
+}
+
+/* Mosquitto expires a session once now > disconnect time + expiry (session_expiry.c, checked
+ * once a second). We use one more second, so we never report an expiry before Mosquitto did it;
+ * a reconnect in between is caught by pending_resolve(). */
+void model_expire_sessions(time_t now)
+{
+	struct client *c, *tmp;
+
+	HASH_ITER(hh, g.clients, c, tmp){
+		if(!c->online && c->expire_at > 0 && c->expire_at + 1 < now){
+			emit_session_expired(c);
+		}
+	}
+}
+
+/* Calibration just succeeded: online clients whose v5 expiry was unknown can be read now. */
+void model_fill_unknown_expiry(void)
+{
+	struct client *c, *tmp;
+
+	HASH_ITER(hh, g.clients, c, tmp){
+		if(c->online && c->conn && c->expiry == EXPIRY_UNKNOWN){
+			c->expiry = client_expiry(c->conn);
+		}
+	}
+}
+
+cJSON *model_client_json(struct client *c)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *subs;
+	struct sub *s, *tmp;
+
+	if(o == NULL) return NULL;
+	cJSON_AddStringToObject(o, "client", c->id);
+	cjson_add_str_or_null(o, "username", c->username);
+	cJSON_AddStringToObject(o, "protocol", proto_name(c->protocol));
+	cJSON_AddBoolToObject(o, "clean_start", c->clean_start);
+	cjson_add_expiry(o, "session_expiry", c->expiry);
+	cJSON_AddBoolToObject(o, "online", c->online);
+	subs = cJSON_AddArrayToObject(o, "subscriptions");
+	if(subs == NULL){
+		cJSON_Delete(o);
+		return NULL;
+	}
+	HASH_ITER(hh, c->subs, s, tmp){
+		cJSON *j = cJSON_CreateObject();
+		if(j == NULL){
+			cJSON_Delete(o);
+			return NULL;
+		}
+		cJSON_AddStringToObject(j, "filter", s->filter);
+		cJSON_AddNumberToObject(j, "qos", s->qos);
+		cJSON_AddItemToArray(subs, j);
+	}
+	return o;
+}

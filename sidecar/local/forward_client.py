@@ -1,0 +1,179 @@
+"""The hot-path MQTT client of the sidecar on its local Mosquitto (adapter).
+
+A second trusted connection (client id `<sidecar_id>.fwd`), separate from the control link so
+that forwarded traffic never delays plugin events. It holds the forwarding subscriptions (the
+union of peers' interest: QoS 2, No Local, Retain As Published, one subscription identifier
+per filter), receives local publishes with manual acks, and re-injects messages that peers
+forwarded. No Local means it never receives its own re-injections, so nothing loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from sidecar.local.events import MessageProperties
+from sidecar.local.protocol import SIDECAR_USERNAME
+from sidecar.routing.forwarder import LocalCopy
+
+log = logging.getLogger("mqfed.forward")
+
+FORWARD_SESSION_EXPIRY = 3600
+
+
+def to_paho_properties(props: MessageProperties) -> Properties | None:
+    """MQTT v5 PUBLISH properties for paho, or None when there are none."""
+    out = Properties(PacketTypes.PUBLISH)
+    used = False
+    if props.user:
+        out.UserProperty = list(props.user)
+        used = True
+    for name, value in (("ContentType", props.content_type),
+                        ("PayloadFormatIndicator", props.payload_format),
+                        ("CorrelationData", props.correlation_data),
+                        ("ResponseTopic", props.response_topic),
+                        ("MessageExpiryInterval", props.message_expiry)):
+        if value is not None:
+            setattr(out, name, value)
+            used = True
+    return out if used else None
+
+
+def from_paho_properties(props: Properties | None) -> tuple[MessageProperties, tuple[int, ...]]:
+    """(message properties, subscription identifiers) of a received paho message."""
+    if props is None:
+        return MessageProperties(), ()
+    get = props.__dict__.get
+    sids = get("SubscriptionIdentifier") or ()
+    if isinstance(sids, int):
+        sids = (sids,)
+    return MessageProperties(
+        user=tuple(tuple(kv) for kv in get("UserProperty", ())),
+        content_type=get("ContentType"),
+        payload_format=get("PayloadFormatIndicator"),
+        correlation_data=get("CorrelationData"),
+        response_topic=get("ResponseTopic"),
+        message_expiry=get("MessageExpiryInterval"),
+    ), tuple(sids)
+
+
+class ForwardClient:
+    """Forwarding subscriptions in, re-injections out; copies handed to asyncio in batches."""
+
+    def __init__(self, socket_path: Path, secret: str, client_id: str,
+                 on_copies: Callable[[list[LocalCopy]], None],
+                 on_published: Callable[[list[int]], None],
+                 on_connected: Callable[[bool], None]) -> None:
+        self.socket_path = socket_path
+        self.on_copies = on_copies
+        self.on_published = on_published
+        self.on_connected = on_connected
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._copies: list[LocalCopy] = []
+        self._published: list[int] = []
+        self._flush_scheduled = False
+        self._ready = asyncio.Event()
+        self.received = 0
+        self.reinjected = 0
+        self._client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+            protocol=mqtt.MQTTv5, transport="unix", manual_ack=True,
+        )
+        self._client.username_pw_set(SIDECAR_USERNAME, secret)
+        self._client.reconnect_delay_set(min_delay=0.1, max_delay=2)
+        self._client.max_inflight_messages_set(1000)
+        self._client.max_queued_messages_set(0)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._client.on_publish = self._on_publish
+
+    # ---- paho thread -------------------------------------------------------------------
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            log.error("forwarding client refused: %s", reason_code)
+            return
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._ready.set)
+        self._loop.call_soon_threadsafe(self.on_connected, bool(flags.session_present))
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._ready.clear)
+
+    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        props, sids = from_paho_properties(getattr(msg, "properties", None))
+        copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain), props, sids)
+        with self._lock:
+            self._copies.append(copy)
+            self._schedule()
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        with self._lock:
+            self._published.append(mid)
+            self._schedule()
+
+    # ---- asyncio thread ----------------------------------------------------------------
+    def _flush(self) -> None:
+        with self._lock:
+            copies, self._copies = self._copies, []
+            published, self._published = self._published, []
+            self._flush_scheduled = False
+        if copies:
+            self.received += len(copies)
+            self.on_copies(copies)
+        if published:
+            self.on_published(published)
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        """Connect with a persistent session (unacked copies are redelivered after a crash)."""
+        self._loop = asyncio.get_running_loop()
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = FORWARD_SESSION_EXPIRY
+        self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=False,
+                             properties=props)
+        self._client.loop_start()
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    def subscribe(self, filter: str, subscription_id: int, no_local: bool) -> None:
+        """One SUBSCRIBE per filter, so each copy carries that filter's identifier."""
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = subscription_id
+        options = SubscribeOptions(qos=2, noLocal=no_local, retainAsPublished=True,
+                                   retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+        self._client.subscribe(filter, options=options, properties=props)
+
+    def unsubscribe(self, filter: str) -> None:
+        self._client.unsubscribe(filter)
+
+    def ack(self, mid: int, qos: int) -> None:
+        """Acknowledge a received copy to Mosquitto (PUBACK/PUBREC)."""
+        if qos > 0:
+            self._client.ack(mid, qos)
+
+    def publish(self, topic: str, payload: bytes, qos: int,
+                properties: MessageProperties) -> int:
+        """Re-inject a forwarded message; returns the paho mid (see `on_published`)."""
+        self.reinjected += 1
+        info = self._client.publish(topic, payload, qos=qos, retain=False,
+                                    properties=to_paho_properties(properties))
+        return info.mid
+
+    def close(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()

@@ -1,0 +1,114 @@
+"""Dial one peer: open its stream, send our Hello, wait for Welcome or Refuse, check the Welcome.
+
+One attempt per call and one gRPC channel (one connection) per attempt; the reconnect loop and
+its backoff belong to the caller (`PeerTransport`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import grpc
+import grpc.aio
+from tenacity import RetryCallState, wait_exponential_jitter
+
+from sidecar._proto import peer_pb2
+from sidecar.peering import wire
+from sidecar.peering.handshake import Accept, Handshake, Refuse
+from sidecar.peering.stream import describe
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays between dial attempts: exponential with jitter after failures (reset once a stream
+    stayed up for `stable_after` seconds), uniform in [refused_min, refused_max] after a refusal."""
+
+    initial: float = 0.1
+    max: float = 2.0
+    jitter: float = 0.1
+    refused_min: float = 5.0
+    refused_max: float = 10.0
+    stable_after: float = 1.0
+
+    def delay(self, failures: int) -> float:
+        """The wait before the next attempt after `failures` failures in a row (>= 1)."""
+        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.attempt_number = max(1, failures)
+        wait = wait_exponential_jitter(multiplier=self.initial, max=self.max, jitter=self.jitter)
+        return wait(state)
+
+    def refused_delay(self) -> float:
+        return random.uniform(self.refused_min, self.refused_max)
+
+
+class DialError(Exception):
+    """The attempt failed (unreachable, timed out, broken stream); retry with backoff."""
+
+
+class PeerRefused(Exception):
+    """The handshake failed: the peer refused us, or we refused its Welcome."""
+
+    def __init__(self, refuse: peer_pb2.Refuse) -> None:
+        super().__init__(refuse.message)
+        self.refuse = refuse
+
+
+class Dialled(NamedTuple):
+    """An established outbound stream: close `channel` when done with `call`."""
+
+    channel: grpc.aio.Channel
+    call: Any  # grpc.aio.StreamStreamCall
+    accept: Accept
+
+
+async def dial(
+    peer: str, address: str, handshake: Handshake, *, options: list, timeout: float
+) -> Dialled:
+    """Open the stream to `peer` at `address`; raise DialError or PeerRefused."""
+    channel = grpc.aio.insecure_channel(address, options=options)
+    try:
+        method = channel.stream_stream(
+            wire.METHOD, request_serializer=None, response_deserializer=wire.decode
+        )
+        call = method(wait_for_ready=False)
+        try:
+            async with asyncio.timeout(timeout):
+                await call.write(wire.hello_frame(handshake.me))
+                item = await call.read()
+        except TimeoutError:
+            raise DialError(
+                f"no answer to Hello from {address} within {timeout:g}s: the peer is hung,"
+                " or that address is not a mqfed peer port"
+            ) from None
+        except grpc.aio.AioRpcError as exc:
+            raise DialError(f"cannot reach {address}: {describe(exc)}") from None
+        if item is grpc.aio.EOF:
+            raise DialError(
+                f"{address} ended the stream without answering Hello"
+                f" ({(await call.code()).name}: {await call.details()})"
+            )
+        frame: peer_pb2.Frame = item[1]
+        kind = frame.WhichOneof("body")
+        if kind == "refuse":
+            raise PeerRefused(frame.refuse)
+        if kind != "welcome":
+            raise DialError(
+                f"{address} answered Hello with a {kind or 'unknown'} frame instead of Welcome:"
+                " is it a mqfed peer port of a compatible version?"
+            )
+        theirs = wire.hello_from(frame.welcome)
+        if theirs.node_id != peer:
+            raise PeerRefused(peer_pb2.Refuse(message=(
+                f"dialled node {peer!r} at {address}, but node {theirs.node_id!r} answered:"
+                f" the membership view has a wrong or stale address for {peer!r}"
+            )))
+        result = handshake.check(theirs)
+        if isinstance(result, Refuse):
+            raise PeerRefused(wire.refuse_message(result))
+        return Dialled(channel, call, result)
+    except BaseException:
+        await channel.close(None)
+        raise

@@ -1,0 +1,131 @@
+"""The plugin under valgrind: a scenario touching every event and command, then SIGTERM."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.plugin.helpers import SIDECAR_USER, Client, ConnectFailed, FakeSidecar
+
+SUPP = Path(__file__).with_name("mosquitto.supp")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind is not installed")
+    vglog = tmp_path / "valgrind.log"
+    b = make_broker(
+        name="mosquitto-valgrind",
+        opts={"heartbeat_ms": 200, "buffer_max_events": 150, "event_window": 50},
+        wrapper=["valgrind", "--error-exitcode=99", "--errors-for-leak-kinds=definite",
+                 "--leak-check=full", "--trace-children=no", f"--suppressions={SUPP}",
+                 f"--log-file={vglog}"])
+    t0 = time.monotonic()
+    sc = clients(FakeSidecar(b.sock)).start()
+
+    def client(cid, **kw):
+        return clients(Client(cid, port=b.port, **kw))
+
+    # connect (v5 persistent, v3.1.1), subscribe ($share too), unsubscribe, retained
+    p = client("vg-persist", session_expiry=300, clean_start=False)
+    p.connect()
+    p.subscribe([("a/1", 1), ("$share/g/a/2", 2), ("a/3", 0)])
+    p.unsubscribe("a/3")
+    p.subscribe("a/1", 1)  # same qos again: no event (and Mosquitto's own leak, see supp)
+    p.subscribe("a/1", 0)  # a genuine downgrade
+    v3 = client("vg-v311", protocol=4, clean_start=False)
+    v3.connect()
+    v3.subscribe("b/#", 1)
+    v3.publish("ret/1", b"payload", qos=1, retain=True)
+    v3.publish("ret/1", b"", qos=1, retain=True)
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("k", "v")]
+    props.CorrelationData = b"c"
+    props.ContentType = "t"
+    props.ResponseTopic = "r"
+    props.PayloadFormatIndicator = 1
+    p.publish("ret/2", b"x", qos=1, retain=True, properties=props)
+    sc.wait_type("retained", count=3, timeout=20)
+
+    # takeover (session kept), then kick online (re-check path) and kick offline (refused)
+    p2 = client("vg-persist", session_expiry=300, clean_start=False)
+    assert p2.connect(timeout=20) is True
+    sc.wait_type("connect", client="vg-persist", count=2, timeout=20)
+    assert sc.call("kick", client="vg-persist", timeout=20)["ok"] is True
+    sc.wait_type("disconnect", client="vg-persist", count=2, timeout=20)
+    assert sc.call("kick", client="vg-persist", timeout=20)["error"] == "not_connected"
+
+    # deliver: online, offline (queued), unknown
+    on = client("vg-online")
+    on.connect(timeout=20)
+    sc.wait_type("connect", client="vg-online", timeout=20)
+    payload = base64.b64encode(b"hi").decode()
+    rep = sc.call("deliver", client="vg-online", topic="d/1", payload=payload, qos=1,
+                  properties={"user": [["a", "b"]], "message_expiry": 30}, timeout=20)
+    assert rep["ok"] and rep["queued"] is False
+    assert on.wait_messages(lambda m: m.topic == "d/1", timeout=20)
+    assert sc.call("deliver", client="vg-persist", topic="d/2", payload=payload, qos=1,
+                   timeout=20)["queued"] is True
+    # the kicked persistent client comes back to its session and the queued message
+    p3 = client("vg-persist", session_expiry=300, clean_start=False)
+    assert p3.connect(timeout=20) is True
+    assert p3.wait_messages(lambda m: m.topic == "d/2", timeout=20)
+    assert sc.call("deliver", client="nobody", topic="d/3", payload="", qos=0,
+                   timeout=20)["error"] == "unknown_client"
+
+    # deny retry / refuse / admit, and an impostor of the sidecar id
+    sc.call("deny", client="vg-denied", mode="retry", timeout=20)
+    with pytest.raises(ConnectFailed):
+        client("vg-denied").connect(timeout=20)
+    sc.call("deny", client="vg-denied", mode="refuse", timeout=20)
+    with pytest.raises(ConnectFailed):
+        client("vg-denied").connect(timeout=20)
+    sc.call("admit", client="vg-denied", timeout=20)
+    client("vg-denied").connect(timeout=20)
+    with pytest.raises(ConnectFailed):
+        clients(FakeSidecar(b.sock, username=SIDECAR_USER, password="bad")).connect(timeout=20)
+
+    # short session expiry -> session_expired
+    s = client("vg-short", session_expiry=1, clean_start=False)
+    s.connect(timeout=20)
+    s.disconnect()
+    sc.wait_type("session_expired", client="vg-short", timeout=20)
+
+    # stats, bad commands, heartbeat
+    assert sc.call("stats", timeout=20)["calibration"] == {"session_expiry": "ok"}
+    assert sc.call("nope", timeout=20)["error"] == "unknown_command"
+    sc.send(b"not json")
+    sc.wait_type("heartbeat", timeout=20)
+
+    # sidecar away: an overflow, then resume -> gap -> snapshot
+    sc.wait_synced(timeout=20)
+    sc.disconnect()
+    v3.subscribe([(f"flood/{i}", 0) for i in range(200)], timeout=30)
+    sc2 = clients(FakeSidecar(b.sock)).continue_from(sc)
+    sc2.connect(timeout=20)
+    assert sc2.resume(sc.contig + 1)["error"] == "gap"
+    _, snap = sc2.snapshot(timeout=20)
+    assert {c["client"] for c in snap} >= {"vg-persist", "vg-v311", "vg-online"}
+    v3.drop()
+    sc2.wait_type("disconnect", client="vg-v311", timeout=20)
+    for c in [on, p2, p3, sc2]:
+        c.close()
+    rc = b.stop(timeout=60)
+    report = vglog.read_text()
+    elapsed = time.monotonic() - t0
+    summary = re.findall(r"ERROR SUMMARY: (\d+) errors", report)
+    assert summary and summary[-1] == "0", report[-6000:]
+    # --error-exitcode=99: any error, definite leaks included, would make the exit code 99
+    assert rc == 0, f"exit code {rc}\n{report[-4000:]}"
+    assert "Memcheck" in report and "definitely lost: 0 bytes" in report or \
+        "no leaks are possible" in report, report[-4000:]
+    assert elapsed < 90, elapsed
