@@ -178,8 +178,12 @@ def test_user_settings_are_included_and_preserved(nodes, tmp_path, readable_dir)
 def test_print_mosquitto_conf(tmp_path):
     path = tmp_path / "n.toml"
     path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n')
-    result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config", str(path),
-                             "--print-mosquitto-conf"], cwd=REPO, capture_output=True, text=True)
+    try:
+        result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config",
+                                 str(path), "--print-mosquitto-conf"], cwd=REPO,
+                                capture_output=True, text=True)
+    finally:
+        NodeLayout(tmp_path / "n1").remove_fallback_socket_dir()
     assert result.returncode == 0, result.stderr
     assert "plugin_opt_sidecar_secret" in result.stdout
     assert "listener 0 /" in result.stdout and "mosquitto.sock" in result.stdout

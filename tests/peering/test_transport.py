@@ -229,6 +229,20 @@ def test_wrong_cluster_refused_with_both_cluster_names():
     run(body())
 
 
+def test_another_node_at_the_dialled_address_is_refused():
+    async def body():
+        async with nodes() as n:
+            a, ra = await n.start("a")
+            b, _ = await n.start("b")
+            a.set_peers({"z": addr(b)})
+            await until(lambda: ra.refusals, 5, "a's dial of z refused")
+            assert "dialled node 'z'" in ra.refusals[0][1].message
+            assert "node 'b' answered" in ra.refusals[0][1].message
+            assert not a.connected("z") and "outbound_up" not in ra.kinds()
+
+    run(body())
+
+
 def test_silent_or_wrong_first_frame_is_closed():
     async def body():
         async with nodes() as n:
@@ -303,6 +317,13 @@ def test_set_peers_removal_closes_the_stream_and_stops_dialling():
             assert b.states()["a"]["member"] is False
             b.set_peers({"a": addr(a)})
             await until(all_connected(a, b), 5, "a <-> b again")
+            # a moved address: the old stream closes, the new address is dialled
+            b.set_peers({"a": f"127.0.0.1:{free_port()}"})
+            assert "address changed" in rb.last("outbound_down")
+            await until(lambda: b.states()["a"]["failures"] > 0, 5, "dialling the new address")
+            assert "cannot reach" in b.states()["a"]["last_error"]
+            b.set_peers({"a": addr(a)})
+            await until(all_connected(a, b), 5, "a <-> b at the right address")
 
     run(body())
 
@@ -392,15 +413,20 @@ def test_throughput_in_one_process():
             b, rb = await n.start("b", dead_after=5.0)
             connect(a, b)
             await until(all_connected(a, b), 5, "a <-> b")
-            frames = 3000
-            done = asyncio.Event()
-            rb.on_any = lambda: len(rb.frames) >= frames and done.set()
-            start = time.perf_counter()
-            for seq in range(frames):
-                a.send("b", batch_frame(seq))
-            await asyncio.wait_for(done.wait(), 30)
-            report("one process (sender and receiver share one event loop)",
-                   frames, time.perf_counter() - start)
+            frames = 5000
+            batches = [batch_frame(seq) for seq in range(100)]
+            serialized = [f.SerializeToString() for f in batches]
+            for what, items in (("Frame objects, serialized by send()", batches),
+                                ("pre-serialized frames", serialized)):
+                rb.frames.clear()
+                done = asyncio.Event()
+                rb.on_any = lambda done=done: len(rb.frames) >= frames and done.set()
+                start = time.perf_counter()
+                for i in range(frames):
+                    a.send("b", items[i % 100])
+                await asyncio.wait_for(done.wait(), 30)
+                report(f"one process, one event loop for both ends, {what}",
+                       frames, time.perf_counter() - start)
 
     run(body())
 
@@ -503,17 +529,17 @@ def test_throughput_across_processes(procs):
             a.set_peers({"b": f"127.0.0.1:{port}"})
             start_child(procs, a, port, 1, "b")
             await until(all_connected_to(a, "b"), 20, "a <-> b (child process)")
-            frames = 3000
-            payload = [batch_frame(seq).SerializeToString() for seq in range(frames)]
+            frames = 10_000
+            payload = [batch_frame(seq).SerializeToString() for seq in range(100)]
             done = asyncio.Event()
             ra.on_any = lambda: len(ra.frames) >= frames and done.set()
             start = time.perf_counter()
-            for data in payload:
-                a.send("b", data)
+            for i in range(frames):
+                a.send("b", payload[i % 100])
             await asyncio.wait_for(done.wait(), 30)
             seconds = time.perf_counter() - start
-            last = ra.frames[-1][1].ack_batch.acks[0].origin_seq
-            assert last == (frames - 1) * 100 + 99
+            acked = [f.ack_batch.acks[0].origin_seq for _, f, _ in ra.frames]
+            assert acked == [(i % 100) * 100 + 99 for i in range(frames)]
             report("two processes, acked by the receiver (pre-serialized frames)", frames, seconds)
 
     run(body())
