@@ -324,3 +324,35 @@ def test_enhanced_auth_cannot_claim_the_sidecar_id(make_broker, with_plugin):
 
     assert attempt("someone") == 140                     # bad authentication method: unchanged
     assert attempt(SIDECAR_ID) == (135 if with_plugin else 140)
+
+
+FWD_ID = SIDECAR_ID + ".fwd"
+
+
+def test_forwarding_identity_is_trusted_and_silent(make_broker, clients):
+    """The sidecar's hot-path connection `<id>.fwd`: needs the secret, bypasses the user's ACL
+    (it re-injects cluster traffic on any topic) and never shows up in events."""
+    b = acl_broker(make_broker, "topic read nothing/#\n")
+    sc = clients(FakeSidecar(b.sock)).start()
+    imp = clients(Client(FWD_ID, sock=b.sock, username=SIDECAR_USER, password="wrong"))
+    with pytest.raises(ConnectFailed) as e:
+        imp.connect()
+    assert e.value.reason == 135
+    assert sc.wait_type("connect_rejected", client=FWD_ID)[0]["reason"] == "auth"
+    fwd = clients(Client(FWD_ID, sock=b.sock, username=SIDECAR_USER, password=SECRET))
+    fwd.connect()                          # raises ConnectFailed if refused
+    fwd.subscribe("secret/#", 1)          # the ACL file grants nobody this
+    fwd.publish("ret/x", b"r", qos=1, retain=True)
+    time.sleep(0.3)
+    kinds = {(ev["type"], ev.get("client")) for ev in sc.wait_synced()}
+    assert not any(client == FWD_ID for kind, client in kinds if kind != "connect_rejected")
+    # its identity passes reads the ACL file refuses to everyone else
+    sc.publish("secret/2", b"from-cluster", qos=1)
+    got = fwd.wait_messages(lambda m: m.topic == "secret/2")
+    assert got and got[0].payload == b"from-cluster"
+    other = clients(Client("ordinary", port=b.port))
+    other.connect()
+    other.subscribe("secret/#", 1)
+    sc.publish("secret/3", b"x", qos=1)
+    assert fwd.wait_messages(lambda m: m.topic == "secret/3")
+    assert not other.wait_messages(lambda m: m.topic == "secret/3", timeout=0.5)

@@ -295,7 +295,7 @@ struct client *model_client_for_event(struct mosquitto *conn, bool adopt)
 	if(id == NULL) return NULL;
 	c = model_find(id);
 	if(c && c->online && c->conn == conn) return c;
-	if(!adopt || streq(id, g.sidecar_id) || (c && c->online)) return NULL;
+	if(!adopt || is_sidecar_id(id) || (c && c->online)) return NULL;
 	pending_add(conn, id, mosquitto_client_username(conn));
 	p = pending_find(conn);
 	if(p == NULL) return NULL;

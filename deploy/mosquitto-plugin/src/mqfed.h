@@ -25,6 +25,7 @@
 #define MQFED_CONTROL_TOPIC "$CONTROL/mqfed/v1"
 #define MQFED_REPLY_PREFIX "$SYS/broker/mqfed/replies/"
 #define MQFED_SIDECAR_USER "mqfed-sidecar"
+#define MQFED_FWD_SUFFIX ".fwd"
 #define MQFED_CALIB_EXPIRY 1234567891u
 
 /* session expiry value meaning "not known" (v5 client and calibration not ok) */
@@ -84,6 +85,7 @@ struct mqfed {
 	/* options */
 	char *secret;
 	char *sidecar_id;
+	char *fwd_id;          /* "<sidecar_id>.fwd": the sidecar's forwarding connection */
 	bool auth_grant;
 	bool acl_grant;
 	uint64_t window;
@@ -109,6 +111,8 @@ struct mqfed {
 
 	/* the authenticated sidecar connection */
 	struct mosquitto *sidecar;
+	/* the authenticated forwarding connection (hot path; trusted, never reported) */
+	struct mosquitto *fwd;
 
 	/* model */
 	struct client *clients;
@@ -159,6 +163,7 @@ uint64_t ev_oldest(void);
 
 /* calib.c */
 void calib_on_sidecar_auth(struct mosquitto *client);
+bool is_sidecar_id(const char *id);
 int64_t client_expiry(struct mosquitto *client);
 const char *calib_name(void);
 

@@ -76,6 +76,7 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 			g.secret = strdup(val);
 		}else if(streq(k, "sidecar_id")){
 			free(g.sidecar_id);
+	free(g.fwd_id);
 			g.sidecar_id = strdup(val);
 		}else if(streq(k, "auth")){
 			if(parse_mode(k, val, &g.auth_grant)) return -1;
@@ -109,6 +110,10 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_sidecar_id must not be empty");
 		return -1;
 	}
+	g.fwd_id = malloc(strlen(g.sidecar_id) + sizeof(MQFED_FWD_SUFFIX));
+	if(g.fwd_id == NULL) return -1;
+	strcpy(g.fwd_id, g.sidecar_id);
+	strcat(g.fwd_id, MQFED_FWD_SUFFIX);
 	return 0;
 }
 
@@ -167,12 +172,17 @@ static const char *strip_share(const char *filter)
  * check_retain_source, on a stack copy of the original publisher of a retained message. Those are
  * not live connections (state not "active") and carry the sidecar's client id and username, which
  * no other connection can get: BASIC_AUTH and EXT_AUTH_START refuse them without the secret. */
+bool is_sidecar_id(const char *id)
+{
+	return id != NULL && (streq(id, g.sidecar_id) || streq(id, g.fwd_id));
+}
+
 static bool is_sidecar(struct mosquitto *client)
 {
 	if(client == NULL) return false;
-	if(client == g.sidecar) return true;
+	if(client == g.sidecar || client == g.fwd) return true;
 	if(mosquitto__get_state == NULL || mosquitto__get_state(client) == MOSQ_CS_ACTIVE) return false;
-	return streq(mosquitto_client_id(client), g.sidecar_id)
+	return is_sidecar_id(mosquitto_client_id(client))
 		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
 }
 
@@ -273,6 +283,17 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 	if(id == NULL){
 		return g.auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	}
+	if(streq(id, g.fwd_id)){
+		if(streq(ed->username, MQFED_SIDECAR_USER) && secret_ok(ed->password)){
+			g.fwd = client;
+			return MOSQ_ERR_SUCCESS;
+		}
+		mosquitto_log_printf(MOSQ_LOG_WARNING,
+				"mqfed: refused a connection using the sidecar's forwarding client id '%s' "
+				"without its credentials", id);
+		emit_connect_rejected(id, ed->username, "auth");
+		return MOSQ_ERR_AUTH;
+	}
 	if(streq(id, g.sidecar_id)){
 		if(streq(ed->username, MQFED_SIDECAR_USER) && secret_ok(ed->password)){
 			g.sidecar = client;
@@ -306,7 +327,7 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
-	if(id && streq(id, g.sidecar_id)){
+	if(is_sidecar_id(id)){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: refused enhanced authentication using the sidecar's client id '%s'", id);
 		emit_connect_rejected(id, mosquitto_client_username(ed->client), "auth");
@@ -325,11 +346,13 @@ static int on_message(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
-	if(!ed->retain || ed->client == g.sidecar || ed->topic == NULL) return MOSQ_ERR_SUCCESS;
+	if(!ed->retain || ed->client == g.sidecar || ed->client == g.fwd || ed->topic == NULL){
+		return MOSQ_ERR_SUCCESS;
+	}
 	p = pending_find(ed->client);
 	if(p) pending_resolve(p);
 	id = mosquitto_client_id(ed->client);
-	if(streq(id, g.sidecar_id)) return MOSQ_ERR_SUCCESS;
+	if(is_sidecar_id(id)) return MOSQ_ERR_SUCCESS;
 	(void)model_client_for_event(ed->client, false); /* never adopt: could be a bridge */
 
 	ev = ev_new("retained");
@@ -409,6 +432,10 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	if(ed->client == g.sidecar){
 		g.sidecar = NULL;
 		g.publishing = false;
+		return MOSQ_ERR_SUCCESS;
+	}
+	if(ed->client == g.fwd){
+		g.fwd = NULL;
 		return MOSQ_ERR_SUCCESS;
 	}
 	model_on_disconnect(ed->client);
