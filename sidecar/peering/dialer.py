@@ -51,9 +51,10 @@ class DialError(Exception):
 class PeerRefused(Exception):
     """The handshake failed: the peer refused us, or we refused its Welcome."""
 
-    def __init__(self, refuse: peer_pb2.Refuse) -> None:
+    def __init__(self, refuse: peer_pb2.Refuse, by_peer: bool) -> None:
         super().__init__(refuse.message)
         self.refuse = refuse
+        self.by_peer = by_peer
 
 
 class Dialled(NamedTuple):
@@ -93,7 +94,7 @@ async def dial(
         frame: peer_pb2.Frame = item[1]
         kind = frame.WhichOneof("body")
         if kind == "refuse":
-            raise PeerRefused(frame.refuse)
+            raise PeerRefused(frame.refuse, by_peer=True)
         if kind != "welcome":
             raise DialError(
                 f"{address} answered Hello with a {kind or 'unknown'} frame instead of Welcome:"
@@ -104,10 +105,10 @@ async def dial(
             raise PeerRefused(peer_pb2.Refuse(message=(
                 f"dialled node {peer!r} at {address}, but node {theirs.node_id!r} answered:"
                 f" the membership view has a wrong or stale address for {peer!r}"
-            )))
+            )), by_peer=False)
         result = handshake.check(theirs)
         if isinstance(result, Refuse):
-            raise PeerRefused(wire.refuse_message(result))
+            raise PeerRefused(wire.refuse_message(result), by_peer=False)
         return Dialled(channel, call, result)
     except BaseException:
         await channel.close(None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -105,6 +105,9 @@ class PeerTransport:
         max_message_bytes: int = 64 << 20,
         backoff: Backoff | None = None,
     ) -> None:
+        if dead_after < 2 * heartbeat_interval:
+            raise ValueError(f"dead_after ({dead_after:g}s) must be at least twice"
+                             f" heartbeat_interval ({heartbeat_interval:g}s)")
         self.handshake = handshake
         self.node_id = handshake.me.node_id
         self.listen = listen
@@ -127,6 +130,8 @@ class PeerTransport:
 
     async def start(self) -> None:
         """Listen for peers on `listen`; raise PeerTransportError if that is impossible."""
+        if self._server is not None or self._stopping:
+            raise PeerTransportError("PeerTransport.start() called twice or after stop()")
         server = grpc.aio.server(options=wire.server_options(self.max_message_bytes))
         method = grpc.stream_stream_rpc_method_handler(
             self._serve, request_deserializer=wire.decode, response_serializer=None
@@ -271,7 +276,8 @@ class PeerTransport:
             if self._peers.get(p.node_id) is p:
                 del self._peers[p.node_id]
 
-    def _new_stream(self, p: _Peer, inbound: bool, read, write) -> FrameStream:
+    def _new_stream(self, p: _Peer, inbound: bool, read: Callable[[], Awaitable[Any]],
+                    write: Callable[[bytes], Awaitable[Any]]) -> FrameStream:
         return FrameStream(
             p.node_id, inbound, read, write,
             on_frame=self.handler.on_frame,
@@ -301,7 +307,7 @@ class PeerTransport:
         if p is not None:
             self._forget_if_unused(p)
 
-    def _notify(self, callback, *args) -> None:
+    def _notify(self, callback: Callable[..., None], *args: Any) -> None:
         try:
             callback(*args)
         except Exception:
@@ -326,11 +332,11 @@ class PeerTransport:
             except PeerRefused as exc:
                 p.failures += 1
                 p.out_state, p.last_error = "refused", exc.refuse.message
-                self._log_loudly(f"out:{p.node_id}", f"peer handshake failed: {exc.refuse.message}",
+                who = f"peer {p.node_id!r} refused this node" if exc.by_peer else (
+                    f"this node refused peer {p.node_id!r}'s Welcome")
+                self._log_loudly(f"out:{p.node_id}", f"{who}: {exc.refuse.message}",
                                  peer=p.node_id, address=address,
-                                 code=peer_pb2.Refuse.Code.Name(exc.refuse.code)
-                                 if exc.refuse.code in peer_pb2.Refuse.Code.values()
-                                 else exc.refuse.code)
+                                 code=wire.refuse_code_name(exc.refuse.code))
                 self._notify(self.handler.on_refused, p.node_id, exc.refuse)
                 delay = self.backoff.refused_delay()
             except DialError as exc:

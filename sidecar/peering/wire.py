@@ -42,6 +42,11 @@ def refuse_message(refuse: Refuse) -> peer_pb2.Refuse:
     )
 
 
+def refuse_code_name(code: int) -> str:
+    """The enum name of a Refuse code; the number for a code from a newer minor version."""
+    return peer_pb2.Refuse.Code.Name(code) if code in peer_pb2.Refuse.Code.values() else str(code)
+
+
 def heartbeat_frame() -> bytes:
     beat = peer_pb2.Heartbeat(sent_at_ms=int(time.time() * 1000))
     return Frame(heartbeat=beat).SerializeToString()

@@ -1,0 +1,116 @@
+"""Conversions between the routing cores' values and `peer.proto` frames (adapter helpers).
+
+Envelopes are serialized once, when they are queued; a batch frame is then assembled from the
+serialized envelopes by concatenation (protobuf's wire format makes a repeated field the
+concatenation of its elements), so the hot path never re-parses what it already encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sidecar._proto import peer_pb2
+from sidecar.local.events import MessageProperties
+from sidecar.routing.forwarder import Envelope
+from sidecar.routing.interest import InterestDelta, InterestSnapshot
+from sidecar.routing.table import InterestKey
+
+_FRAME_MESSAGE_BATCH = 6  # Frame.message_batch
+_BATCH_ENVELOPES = 1  # MessageBatch.envelopes
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, data: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    """One envelope, serialized (what the outbound queue stores)."""
+    props = env.properties
+    msg = peer_pb2.Envelope(
+        origin_node=env.origin_node, origin_seq=env.origin_seq,
+        origin_incarnation=env.origin_incarnation, hlc=env.hlc, topic=env.topic,
+        payload=env.payload, qos=env.qos, retain=env.retain,
+        user_properties=[peer_pb2.UserProperty(key=k, value=v) for k, v in props.user],
+        content_type=props.content_type, payload_format_indicator=props.payload_format,
+        correlation_data=props.correlation_data, response_topic=props.response_topic,
+        message_expiry=props.message_expiry, shared_group=env.shared_group,
+        shared_filter=env.shared_filter,
+    )
+    return msg.SerializeToString()
+
+
+def batch_frame(envelopes: Iterable[bytes]) -> bytes:
+    """A serialized `Frame{message_batch}` holding already serialized envelopes."""
+    inner = b"".join(_field(_BATCH_ENVELOPES, env) for env in envelopes)
+    return _field(_FRAME_MESSAGE_BATCH, inner)
+
+
+def decode_envelope(msg: peer_pb2.Envelope) -> Envelope:
+    """A received protobuf envelope as the cores' `Envelope`."""
+    has = msg.HasField
+    props = MessageProperties(
+        user=tuple((p.key, p.value) for p in msg.user_properties),
+        content_type=msg.content_type if has("content_type") else None,
+        payload_format=msg.payload_format_indicator if has("payload_format_indicator") else None,
+        correlation_data=msg.correlation_data if has("correlation_data") else None,
+        response_topic=msg.response_topic if has("response_topic") else None,
+        message_expiry=msg.message_expiry if has("message_expiry") else None,
+    )
+    return Envelope(
+        msg.origin_node, msg.origin_incarnation, msg.origin_seq, msg.hlc, msg.topic,
+        msg.payload, msg.qos, msg.retain, props,
+        msg.shared_group if has("shared_group") else None, msg.shared_filter,
+    )
+
+
+def ack_frame(acks: Sequence[tuple[int, int, int]]) -> bytes:
+    """`Frame{ack_batch}` from (incarnation, seq, status) triples."""
+    batch = peer_pb2.AckBatch(acks=[
+        peer_pb2.Ack(origin_incarnation=inc, origin_seq=seq, status=status)
+        for inc, seq, status in acks])
+    return peer_pb2.Frame(ack_batch=batch).SerializeToString()
+
+
+def _entries(keys: Iterable[InterestKey]) -> list[peer_pb2.InterestEntry]:
+    return [peer_pb2.InterestEntry(group=k.group, filter=k.filter) for k in keys]
+
+
+def _keys(entries: Iterable[peer_pb2.InterestEntry]) -> frozenset[InterestKey]:
+    return frozenset(InterestKey(e.group if e.HasField("group") else None, e.filter)
+                     for e in entries)
+
+
+def interest_snapshot_frame(snap: InterestSnapshot) -> bytes:
+    msg = peer_pb2.InterestSnapshot(version=snap.version, entries=_entries(snap.keys))
+    return peer_pb2.Frame(interest_snapshot=msg).SerializeToString()
+
+
+def interest_delta_frame(delta: InterestDelta) -> bytes:
+    msg = peer_pb2.InterestDelta(from_version=delta.from_version, to_version=delta.to_version,
+                                 added=_entries(delta.added), removed=_entries(delta.removed))
+    return peer_pb2.Frame(interest_delta=msg).SerializeToString()
+
+
+def interest_request_frame(have_version: int, reason: str) -> bytes:
+    msg = peer_pb2.InterestRequest(have_version=have_version, reason=reason)
+    return peer_pb2.Frame(interest_request=msg).SerializeToString()
+
+
+def snapshot_from(msg: peer_pb2.InterestSnapshot) -> InterestSnapshot:
+    return InterestSnapshot(msg.version, _keys(msg.entries))
+
+
+def delta_from(msg: peer_pb2.InterestDelta) -> InterestDelta:
+    return InterestDelta(msg.from_version, msg.to_version, _keys(msg.added), _keys(msg.removed))
