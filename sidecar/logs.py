@@ -47,3 +47,4 @@ def setup_logging(level: str = "warning", fmt: str = "json", node: str = "") -> 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("grpc").setLevel(max(logging.WARNING, root.level))  # floods DEBUG

@@ -22,9 +22,12 @@ from typing import Any
 
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
+from sidecar.cluster_routing import ClusterRouting
 from sidecar.config import NodeConfig
 from sidecar.local.events import Event, ProtocolError, Snapshot
+from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LinkError, LocalLink
+from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.local.stream import (
     Apply,
     EventStream,
@@ -33,6 +36,8 @@ from sidecar.local.stream import (
     RequestSnapshot,
     SendAck,
 )
+from sidecar.peering.handshake import Hello
+from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
 
 log = logging.getLogger("mqfed.node")
@@ -125,6 +130,18 @@ class NodeLayout:
                 f.write(secrets.token_hex(24))
         return self.secret_path.read_text().strip()
 
+    def next_incarnation(self) -> int:
+        """A number that grows with every start of this node's sidecar (peers use it to tell a
+        restarted sidecar from a stale one)."""
+        path = self.run_dir / "incarnation"
+        try:
+            previous = int(path.read_text())
+        except (OSError, ValueError):
+            previous = 0
+        value = max(previous + 1, int(time.time() * 1000))
+        path.write_text(f"{value}\n")
+        return value
+
     def remove_fallback_socket_dir(self) -> None:
         """Remove the /tmp socket folder (if used) after Mosquitto stopped."""
         if self.socket_dir.parent == SOCKET_FALLBACK_ROOT:
@@ -154,6 +171,7 @@ class Node:
         self.table = SubscriptionTable()
         self.broker: MosquittoProcess | None = None
         self.link: LocalLink | None = None
+        self.routing: ClusterRouting | None = None
         self.ready = False
         self.started_at = time.time()
         self.interest_changes = 0
@@ -171,6 +189,8 @@ class Node:
 
     def _on_interest(self, changes: list[InterestChange]) -> None:
         if changes:
+            if self.routing is not None:
+                self.routing.on_interest_changes(changes)
             self.interest_changes += len(changes)
             self._state_dirty = True
             log.debug("interest changed", extra={"changes": len(changes)})
@@ -245,6 +265,7 @@ class Node:
             "stream": self.stream.stats(),
             "broker_restarts": self.broker.restarts if self.broker else 0,
             "session_counts": self.table.sessions_status(),
+            "routing": self.routing.status() if self.routing else None,
             **self._detail(),
         }
 
@@ -276,7 +297,7 @@ class Node:
                 self.ready = True
                 self._state_dirty = True
                 log.info("node ready", extra={"mqtt": self.config["mqtt"]["listen"]})
-            if self._state_dirty and now - last_write > 0.2:
+            if (self._state_dirty and now - last_write > 0.2) or now - last_write > 0.5:
                 last_write = now
                 self._publish_status()
 
@@ -286,6 +307,33 @@ class Node:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _static_peers(self) -> dict[str, str]:
+        peers: dict[str, str] = {}
+        if self.config["membership"]["mode"] == "static":
+            for entry in self.config["membership"]["peers"]:
+                node, _, address = entry.partition("@")
+                peers[node] = address
+        return peers
+
+    def _build_routing(self, secret: str) -> ClusterRouting:
+        cfg = self.config
+        hello = Hello(cfg.cluster, cfg.node_id, self.layout.next_incarnation(),
+                      grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"])
+        socket_path = self.layout.socket_path
+
+        def forward_client(**callbacks) -> ForwardClient:
+            return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd", **callbacks)
+
+        return ClusterRouting(hello=hello, listen=cfg["grpc"]["listen"],
+                              run_dir=self.layout.run_dir, table=self.table,
+                              forward_client=forward_client, deliver=self._deliver)
+
+    async def _deliver(self, client: str, env: Envelope) -> None:
+        """Deliver one message to one local client through the plugin (shared subscriptions)."""
+        assert self.link is not None
+        await self.link.request("deliver", client=client, topic=env.topic, payload=env.payload,
+                                qos=env.qos, properties=env.properties)
 
     async def run(self) -> int:
         """Start everything, serve until `stop()`, then shut down. Returns an exit code."""
@@ -305,6 +353,8 @@ class Node:
         await self.link.connect(cfg["mqtt"]["link_timeout"])
         # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
         snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
+        self.routing = self._build_routing(secret)
+        await self.routing.start(self._static_peers())
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))
         background = [asyncio.create_task(self._ticker())]
@@ -318,6 +368,8 @@ class Node:
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
             self.ready = False
+            if self.routing is not None:
+                await self.routing.stop()
             self.link.close()
             if self.broker is not None:
                 await self.broker.stop()

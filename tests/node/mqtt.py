@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -58,6 +59,27 @@ class Client:
         self.client.on_unsubscribe = lambda *a: done.set()
         self.client.unsubscribe(topic)
         assert done.wait(5), f"no UNSUBACK for {topic}"
+
+    def subscribe_many(self, topics: list[tuple[str, int]]) -> None:
+        """One SUBSCRIBE packet per filter (each gets its own identifier on v5)."""
+        for topic, qos in topics:
+            self.subscribe(topic, qos)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False,
+                properties: Properties | None = None, wait: bool = True) -> None:
+        info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        if wait and qos:
+            info.wait_for_publish(10)
+
+    def wait_count(self, count: int, timeout: float = 10.0, topic: str | None = None) -> list:
+        """Wait until `count` messages (on `topic`, if given) arrived; return them all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = [m for m in self.messages if topic is None or m.topic == topic]
+            if len(got) >= count:
+                return got
+            time.sleep(0.02)
+        return [m for m in self.messages if topic is None or m.topic == topic]
 
     def close(self) -> None:
         self.client.disconnect()

@@ -76,7 +76,6 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 			g.secret = strdup(val);
 		}else if(streq(k, "sidecar_id")){
 			free(g.sidecar_id);
-	free(g.fwd_id);
 			g.sidecar_id = strdup(val);
 		}else if(streq(k, "auth")){
 			if(parse_mode(k, val, &g.auth_grant)) return -1;
@@ -451,6 +450,7 @@ static void free_all(void)
 	events_cleanup();
 	free(g.secret);
 	free(g.sidecar_id);
+	free(g.fwd_id);
 	memset(&g, 0, sizeof(g));
 }
 

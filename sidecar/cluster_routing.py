@@ -1,0 +1,344 @@
+"""Cross-node routing of one node (wiring of the hot path, architecture §3).
+
+Connects the routing cores (`LocalInterest`, `RemoteInterest`, `Forwarder`, `Deduplicator`,
+one `OutboundQueue` per peer) to the adapters (`PeerTransport` for gRPC, `ForwardClient` for
+the local Mosquitto, the control link for shared-subscription deliveries). It only moves
+values between them; every decision is made in a core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sidecar._proto import peer_pb2
+from sidecar.hlc import HybridClock, MessageId
+from sidecar.local.forward_client import ForwardClient
+from sidecar.peering import envelopes as wire
+from sidecar.peering.dedup import Deduplicator
+from sidecar.peering.handshake import Accept, Handshake, Hello
+from sidecar.peering.outbound import OutboundQueue
+from sidecar.peering.spill import SqliteSpillStore
+from sidecar.peering.transport import PeerTransport
+from sidecar.routing.forwarder import (
+    AckLocal,
+    Envelope,
+    Forwarder,
+    LocalCopy,
+    QueueEnvelope,
+    SendEnvelope,
+    Unroutable,
+)
+from sidecar.routing.interest import (
+    LocalInterest,
+    LocalSubscribe,
+    LocalUnsubscribe,
+    RemoteInterest,
+    RequestSnapshot,
+)
+from sidecar.routing.table import InterestChange, SubscriptionTable
+
+log = logging.getLogger("mqfed.routing")
+
+ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
+BATCH_MESSAGES = 500
+BATCH_BYTES = 1 << 20
+PERSIST_AFTER = 0.05  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
+
+
+class ClusterRouting:
+    """Interest exchange, forwarding and re-injection for one node."""
+
+    def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
+                 forward_client: Callable[..., ForwardClient],
+                 deliver: Callable[[str, Envelope], Any]) -> None:
+        self.hello = hello
+        self.node_id = hello.node_id
+        self.incarnation = hello.incarnation
+        self.table = table
+        self.spill_dir = run_dir / "spill"
+        self.deliver = deliver
+        self.local_interest = LocalInterest()
+        self.remote = RemoteInterest()
+        self.clock = HybridClock()
+        self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock)
+        self.dedup = Deduplicator()
+        self.queues: dict[str, OutboundQueue] = {}
+        self._offered_at: dict[str, dict[int, float]] = {}
+        self._qos0: dict[str, list[bytes]] = {}
+        self._acks: dict[str, list[tuple[int, int, int]]] = {}
+        self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
+        self._flush_scheduled = False
+        self._tasks: list[asyncio.Task] = []
+        self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
+                         "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
+                         "unroutable": 0}
+        self.transport = PeerTransport(Handshake(hello), listen, self)
+        self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
+                                  on_connected=self._on_fwd_connected)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    async def start(self, peers: Mapping[str, str]) -> None:
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        await self.transport.start()
+        await self.fwd.connect()
+        self.set_peers(peers)
+        self._tasks.append(asyncio.create_task(self._persist_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.fwd.close()
+        await self.transport.stop()
+        for queue in self.queues.values():
+            queue.on_disconnected()
+            queue.store.close()
+
+    def set_peers(self, peers: Mapping[str, str]) -> None:
+        """The membership view: node id -> gRPC address of every other node."""
+        peers = {p: a for p, a in peers.items() if p != self.node_id}
+        for peer in set(self.queues) - set(peers):
+            self._run_interest(self.remote.remove_peer(peer))
+            self._ack_local(self.forwarder.on_peer_removed(peer))
+            self.queues.pop(peer).store.close()
+            self._offered_at.pop(peer, None)
+        for peer in peers:
+            if peer not in self.queues:
+                store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
+                self.queues[peer] = OutboundQueue(store, self.incarnation)
+                self._offered_at[peer] = {}
+        self.transport.set_peers(peers)
+
+    # ---- local interest → peers ----------------------------------------------------------
+    def on_interest_changes(self, changes: list[InterestChange]) -> None:
+        delta = self.local_interest.apply(changes)
+        if delta is None:
+            return
+        frame = wire.interest_delta_frame(delta)
+        for peer in self.queues:
+            self.transport.send(peer, frame)
+
+    # ---- PeerHandler ---------------------------------------------------------------------
+    def on_outbound_up(self, peer: str, accept: Accept) -> None:
+        log.info("peer stream up", extra={"peer": peer})
+        self.transport.send(peer, wire.interest_snapshot_frame(self.local_interest.snapshot()))
+        queue = self.queues.get(peer)
+        if queue is not None:
+            queue.on_connected()
+            self._schedule_flush()
+
+    def on_outbound_down(self, peer: str, reason: str) -> None:
+        log.info("peer stream down", extra={"peer": peer, "reason": reason})
+        queue = self.queues.get(peer)
+        if queue is not None:
+            queue.on_disconnected()
+            self._settle_durable(peer)
+
+    def on_inbound_up(self, peer: str, accept: Accept) -> None:
+        pass
+
+    def on_inbound_down(self, peer: str, reason: str) -> None:
+        self._acks.pop(peer, None)  # unsent acks: the peer re-sends those messages
+
+    def on_refused(self, peer: str, refuse: peer_pb2.Refuse) -> None:
+        log.error("peer refused this node: %s", refuse.message, extra={"peer": peer})
+
+    def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
+        kind = frame.WhichOneof("body")
+        if kind == "message_batch":
+            self._on_envelopes(peer, frame.message_batch.envelopes)
+        elif kind == "ack_batch":
+            self._on_acks(peer, frame.ack_batch.acks)
+        elif kind == "interest_snapshot":
+            self._run_interest(self.remote.apply_snapshot(
+                peer, wire.snapshot_from(frame.interest_snapshot)))
+        elif kind == "interest_delta":
+            self._run_interest(self.remote.apply_delta(peer, wire.delta_from(
+                frame.interest_delta)))
+        elif kind == "interest_request":
+            self.transport.send(peer, wire.interest_snapshot_frame(
+                self.local_interest.snapshot()))
+
+    def _run_interest(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, LocalSubscribe):
+                self.fwd.subscribe(action.filter, action.subscription_id, action.no_local)
+            elif isinstance(action, LocalUnsubscribe):
+                self.fwd.unsubscribe(action.filter)
+            elif isinstance(action, RequestSnapshot):
+                self.transport.reply(action.peer, wire.interest_request_frame(
+                    action.have_version or 0, action.reason))
+
+    # ---- origin side -----------------------------------------------------------------------
+    def _on_fwd_connected(self, session_present: bool) -> None:
+        if not session_present:
+            for sub in self.remote.subscriptions():
+                self.fwd.subscribe(sub.filter, sub.subscription_id, sub.no_local)
+
+    def _on_copies(self, copies: list[LocalCopy]) -> None:
+        wall_ms = int(time.time() * 1000)
+        down = [p for p in self.queues if not self.transport.connected(p)]
+        now = time.monotonic()
+        for copy in copies:
+            for action in self.forwarder.on_copy(copy, wall_ms, down):
+                if isinstance(action, QueueEnvelope):
+                    self._queue(action.peer, action.envelope, now)
+                elif isinstance(action, SendEnvelope):
+                    self._qos0.setdefault(action.peer, []).append(
+                        wire.encode_envelope(action.envelope))
+                elif isinstance(action, AckLocal):
+                    self.fwd.ack(action.mid, action.qos)
+                elif isinstance(action, Unroutable):
+                    self.counters["unroutable"] += 1
+        self._schedule_flush()
+
+    def _queue(self, peer: str, env: Envelope, now: float) -> None:
+        queue = self.queues[peer]
+        reason = queue.offer(env.origin_seq, wire.encode_envelope(env))
+        if reason is not None:
+            self.counters["queue_refused"] += 1
+            log.warning("outbound queue refused a message", extra={"peer": peer,
+                                                                   "reason": reason})
+            self._ack_local(self.forwarder.on_settled(peer, [env.origin_seq]))
+        elif not queue.connected:
+            self._ack_local(self.forwarder.on_settled(peer, [env.origin_seq]))
+        else:
+            self._offered_at[peer][env.origin_seq] = now
+
+    def _on_acks(self, peer: str, acks) -> None:
+        queue = self.queues.get(peer)
+        if queue is None:
+            return
+        by_inc: dict[int, list[int]] = {}
+        for ack in acks:
+            by_inc.setdefault(ack.origin_incarnation, []).append(ack.origin_seq)
+        for inc, seqs in by_inc.items():
+            queue.on_acked(seqs, inc)
+            if inc == self.incarnation:
+                offered = self._offered_at[peer]
+                for seq in seqs:
+                    offered.pop(seq, None)
+                self._ack_local(self.forwarder.on_settled(peer, seqs))
+        self._schedule_flush()
+
+    def _ack_local(self, acks: list[AckLocal]) -> None:
+        for ack in acks:
+            self.fwd.ack(ack.mid, ack.qos)
+
+    def _settle_durable(self, peer: str) -> None:
+        queue = self.queues[peer]
+        offered = self._offered_at[peer]
+        durable = [seq for seq in offered if queue.durable(seq)]
+        for seq in durable:
+            del offered[seq]
+        self._ack_local(self.forwarder.on_settled(peer, durable))
+
+    async def _persist_loop(self) -> None:
+        """Spill what peers have not acked quickly, so a slow peer never holds local acks."""
+        while True:
+            await asyncio.sleep(PERSIST_AFTER / 2)
+            cutoff = time.monotonic() - PERSIST_AFTER
+            for peer, offered in self._offered_at.items():
+                old = [seq for seq, t in offered.items() if t < cutoff]
+                if old:
+                    self.queues[peer].persist(through_seq=max(old))
+                    self._settle_durable(peer)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what is due: QoS 0 batches, queued batches, acks."""
+        self._flush_scheduled = False
+        for peer, envs in self._qos0.items():
+            if envs and not self.transport.send(peer, wire.batch_frame(envs)):
+                self.counters["qos0_dropped"] += len(envs)
+        self._qos0.clear()
+        for peer, queue in self.queues.items():
+            if not queue.connected or not self.transport.connected(peer):
+                continue
+            while self.transport.queued(peer) < 8:
+                batch = queue.next_batch(BATCH_MESSAGES, BATCH_BYTES)
+                if not batch:
+                    break
+                self.transport.send(peer, wire.batch_frame(m.data for m in batch))
+        for peer, acks in self._acks.items():
+            if acks:
+                self.transport.reply(peer, wire.ack_frame(acks))
+        self._acks.clear()
+
+    # ---- receiving side ----------------------------------------------------------------
+    def _on_envelopes(self, peer: str, envelopes) -> None:
+        for msg in envelopes:
+            self.counters["received"] += 1
+            mid = MessageId(msg.origin_node, msg.origin_incarnation, msg.origin_seq)
+            if not self.dedup.accept(mid):
+                self.counters["duplicates"] += 1
+                if msg.qos:
+                    self._ack_peer(peer, msg.origin_incarnation, msg.origin_seq, ACK_OK)
+                continue
+            env = wire.decode_envelope(msg)
+            if env.shared_group is not None:
+                asyncio.get_running_loop().create_task(self._deliver_shared(peer, env))
+                continue
+            pmid = self.fwd.publish(env.topic, env.payload, env.qos, env.properties)
+            self.counters["reinjected"] += 1
+            if env.qos:
+                self._reinjecting[pmid] = (peer, env.origin_incarnation, env.origin_seq)
+        self._schedule_flush()
+
+    def _on_published(self, mids: list[int]) -> None:
+        for mid in mids:
+            entry = self._reinjecting.pop(mid, None)
+            if entry is not None:
+                self._ack_peer(entry[0], entry[1], entry[2], ACK_OK)
+        self._schedule_flush()
+
+    def _ack_peer(self, peer: str, inc: int, seq: int, status: int) -> None:
+        self._acks.setdefault(peer, []).append((inc, seq, status))
+
+    def shared_members(self, group: str, filter: str) -> list[str]:
+        """Local clients holding ``$share/<group>/<filter>``, online first."""
+        verbatim = f"$share/{group}/{filter}"
+        sessions = self.table.sessions()
+        holders = [c for c in sessions if verbatim in self.table.subscriptions(c)]
+        return sorted(holders, key=lambda c: not sessions[c].online)
+
+    async def _deliver_shared(self, peer: str, env: Envelope) -> None:
+        members = self.shared_members(env.shared_group or "", env.shared_filter)
+        online = [m for m in members if self.table.sessions()[m].online] or members
+        status = ACK_REJECTED
+        if online:
+            client = online[env.origin_seq % len(online)]
+            try:
+                await self.deliver(client, env)
+                status = ACK_OK
+                self.counters["shared_delivered"] += 1
+            except Exception as exc:  # the plugin refused or timed out: the origin is told
+                log.warning("shared delivery failed: %s", exc, extra={"client": client})
+        if status == ACK_REJECTED:
+            self.counters["shared_rejected"] += 1
+        if env.qos:
+            self._ack_peer(peer, env.origin_incarnation, env.origin_seq, status)
+            self._schedule_flush()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "incarnation": self.incarnation,
+            "peers": self.transport.states(),
+            "queues": {p: {"count": q.count(), "in_flight": q.in_flight,
+                           "dropped": q.dropped} for p, q in self.queues.items()},
+            "forwarded": self.forwarder.forwarded,
+            "skipped": self.forwarder.skipped,
+            "pending_local_acks": self.forwarder.pending,
+            "forwarding_subscriptions": len(self.remote.local_subscriptions()),
+            **self.counters,
+        }

@@ -1,0 +1,86 @@
+"""A real local cluster (`mqfed up --detach`) per test, always brought down."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.harness.procs import wait_for
+
+
+class Cluster:
+    def __init__(self, run_dir: Path, info: dict) -> None:
+        self.run_dir = run_dir
+        self.info = info
+        self.front = int(info["front"].rpartition(":")[2])
+        self.ports = {n["id"]: int(n["mqtt"].rpartition(":")[2]) for n in info["nodes"]}
+
+    def state(self, node: str) -> dict:
+        path = self.run_dir / "nodes" / node / "state.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def routing(self, node: str) -> dict:
+        return self.state(node).get("routing") or {}
+
+    def wait_meshed(self, timeout: float = 20.0) -> None:
+        """Every node's outbound stream to every other node is up."""
+        ids = list(self.ports)
+
+        def meshed() -> bool:
+            for node in ids:
+                peers = self.routing(node).get("peers", {})
+                for other in ids:
+                    if other != node and peers.get(other, {}).get("outbound", {}).get(
+                            "state") != "up":
+                        return False
+            return True
+
+        wait_for(meshed, timeout, "all peer streams up")
+
+    def wait_interest(self, node: str, filt: str, timeout: float = 10.0) -> None:
+        """Every other node subscribes `filt` on its Mosquitto for `node`'s clients."""
+        def seen() -> bool:
+            return all(self.routing(o).get("forwarding_subscriptions", 0) > 0
+                       and [None, filt] in [r[:2] for r in self.state(node).get("interest", [])]
+                       for o in self.ports if o != node)
+        wait_for(seen, timeout, f"interest in {filt} from {node}")
+
+
+@pytest.fixture
+def cluster_factory(request: pytest.FixtureRequest) -> Iterator:
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    dirs: list[Path] = []
+
+    def start(nodes: int = 3) -> Cluster:
+        path = Path(tempfile.mkdtemp(prefix="mqfed-routing-", dir="/tmp"))
+        path.chmod(0o755)
+        dirs.append(path)
+        result = mqfed("up", "--nodes", str(nodes), "--detach", "--json", "--base-port",
+                       str(base_port(nodes)), "--run-dir", str(path), timeout=120)
+        assert result.returncode == 0, result.stderr + logs_of(path)
+        cluster = Cluster(path, json.loads(result.stdout))
+        cluster.wait_meshed()
+        return cluster
+
+    try:
+        yield start
+    finally:
+        failed = any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False)
+                     for when in ("setup", "call"))
+        for path in dirs:
+            if failed:
+                print(logs_of(path))
+            left = cleanup(path)
+            if not failed and not left:
+                shutil.rmtree(path, ignore_errors=True)
+            assert not left, f"processes of {path} still running: {left}"
