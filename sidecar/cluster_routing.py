@@ -9,6 +9,7 @@ values between them; every decision is made in a core.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -61,6 +62,7 @@ class ClusterRouting:
         self.incarnation = hello.incarnation
         self.table = table
         self.spill_dir = run_dir / "spill"
+        self.state_path = run_dir / "routing-state.json"
         self.deliver = deliver
         self.local_interest = LocalInterest()
         self.remote = RemoteInterest()
@@ -77,16 +79,32 @@ class ClusterRouting:
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
                          "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
                          "unroutable": 0}
+        self._restore()
         self.transport = PeerTransport(Handshake(hello), listen, self)
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
 
     # ---- lifecycle ---------------------------------------------------------------------
+    def _restore(self) -> None:
+        """A restarted sidecar's MQTT session still holds the forwarding subscriptions (and
+        unacked copies tagged with their identifiers): restore what they mean."""
+        try:
+            state = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return
+        self.remote.restore(state)
+        log.info("restored forwarding state", extra={"peers": len(state.get("peers", {}))})
+
+    def _save(self) -> None:
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(self.remote.export()))
+        tmp.replace(self.state_path)
+
     async def start(self, peers: Mapping[str, str]) -> None:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         await self.transport.start()
+        self.set_peers(peers)  # queues exist before redelivered copies arrive
         await self.fwd.connect()
-        self.set_peers(peers)
         self._tasks.append(asyncio.create_task(self._persist_loop()))
 
     async def stop(self) -> None:
@@ -102,10 +120,12 @@ class ClusterRouting:
     def set_peers(self, peers: Mapping[str, str]) -> None:
         """The membership view: node id -> gRPC address of every other node."""
         peers = {p: a for p, a in peers.items() if p != self.node_id}
-        for peer in set(self.queues) - set(peers):
+        for peer in (set(self.queues) | self.remote.peers()) - set(peers):
             self._run_interest(self.remote.remove_peer(peer))
             self._ack_local(self.forwarder.on_peer_removed(peer))
-            self.queues.pop(peer).store.close()
+            queue = self.queues.pop(peer, None)
+            if queue is not None:
+                queue.store.close()
             self._offered_at.pop(peer, None)
         for peer in peers:
             if peer not in self.queues:
@@ -165,6 +185,8 @@ class ClusterRouting:
                 self.local_interest.snapshot()))
 
     def _run_interest(self, actions) -> None:
+        if any(isinstance(a, (LocalSubscribe, LocalUnsubscribe)) for a in actions):
+            self._save()  # before Mosquitto hears of it: a crash never leaves unknown ids
         for action in actions:
             if isinstance(action, LocalSubscribe):
                 self.fwd.subscribe(action.filter, action.subscription_id, action.no_local)

@@ -261,6 +261,35 @@ class RemoteInterest:
             return []
         return self._change(peer, state, set(), set(state.keys))
 
+    def export(self) -> dict[str, dict]:
+        """What a restarted sidecar needs to keep routing the copies its MQTT session still
+        holds: every peer's interest (verbatim filters) and the subscription identifiers."""
+        return {
+            "peers": {p: sorted(k.verbatim for k in st.keys) for p, st in self._peers.items()},
+            "sids": {verbatim: u.sid for verbatim, u in self._union.items()},
+        }
+
+    def restore(self, state: dict[str, dict]) -> None:
+        """Rebuild from `export()` output (on an empty instance). Peers start without a version,
+        so their next delta asks for a snapshot; the snapshot then reconciles the difference."""
+        assert not self._peers and not self._union, "restore() needs a fresh RemoteInterest"
+        sids: dict[str, int] = state.get("sids", {})
+        for peer, filters in state.get("peers", {}).items():
+            peer_state = self._peers[peer] = _Peer()
+            for verbatim in filters:
+                key = InterestKey.parse(verbatim)
+                sub = self._union.get(verbatim)
+                if sub is None:
+                    sid = sids.get(verbatim) or self._allocate()
+                    sub = self._union[verbatim] = self._by_sid[sid] = _Union(verbatim, key, sid)
+                    self._top_sid = max(self._top_sid, sid)
+                    if key.group is None:
+                        self._plain.add(verbatim, sid)
+                sub.peers.add(peer)
+                peer_state.keys.add(key)
+                if key.group is not None:
+                    self._set_shared(key, sub.peers)
+
     def subscriptions(self) -> list[LocalSubscribe]:
         """Every local forwarding subscription, by identifier: re-issue them all when the
         sidecar's own MQTT session had to be started afresh (CONNACK session present = 0)."""

@@ -327,3 +327,31 @@ def test_properties(operations, sample_topics):
         for s in deliveries:
             assert f"$share/{s.group}/{s.filter}" in model[s.peer]
         assert all(not d.unroutable for d in decisions)
+
+
+def test_export_restore_keeps_identifiers_and_decisions():
+    from sidecar.routing.interest import InterestSnapshot as Snap
+    from sidecar.routing.interest import LocalSubscribe as Sub
+    from sidecar.routing.interest import LocalUnsubscribe as Unsub
+    from sidecar.routing.interest import RemoteInterest as RI
+    from sidecar.routing.table import InterestKey as K
+
+    first = RI()
+    first.apply_snapshot("n2", Snap(1, frozenset({K.parse("a/#"), K.parse("$share/g/j")})))
+    first.apply_snapshot("n3", Snap(4, frozenset({K.parse("a/+"), K.parse("a/#")})))
+    first.apply_snapshot("n3", Snap(5, frozenset({K.parse("a/+")})))  # leaves a gap in sids
+    again = RI()
+    again.restore(first.export())
+    assert again.local_subscriptions() == first.local_subscriptions()
+    sids = first.local_subscriptions()
+    for sid in sids.values():
+        assert again.forward_targets("a/x", [sid]) == first.forward_targets("a/x", [sid])
+    assert again.version("n2") is None
+    # a fresh snapshot reconciles: only the real difference becomes (un)subscribe actions
+    actions = again.apply_snapshot("n3", Snap(9, frozenset({K.parse("b")})))
+    assert Unsub("a/+", sids["a/+"]) in actions
+    new = [a for a in actions if isinstance(a, Sub)]
+    assert [a.filter for a in new] == ["b"]
+    in_use = again.local_subscriptions()
+    assert in_use["b"] == new[0].subscription_id
+    assert len(set(in_use.values())) == len(in_use), "identifiers stay unique"

@@ -1,0 +1,81 @@
+"""Faults under load: nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.cluster.conftest import mqfed
+from tests.harness.procs import wait_for
+from tests.node.mqtt import Client
+
+
+def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
+    """Publish payloads 0..count-1 at QoS 1 from one publisher, in a thread."""
+    def run() -> None:
+        pub = Client(port, f"seq-pub-{topic.replace('/', '-')}")
+        assert pub.wait_connected()
+        for i in range(count):
+            pub.publish(topic, str(i).encode(), qos=1, wait=False)
+            time.sleep(1.0 / rate)
+        time.sleep(1.0)
+        pub.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _check_sequence(sub: Client, count: int) -> None:
+    seen = [int(m.payload) for m in sub.messages]
+    missing = sorted(set(range(count)) - set(seen))
+    assert not missing, f"lost {len(missing)} messages, first {missing[:10]}"
+    firsts: list[int] = []
+    known: set[int] = set()
+    for value in seen:
+        if value not in known:
+            known.add(value)
+            firsts.append(value)
+    assert firsts == sorted(firsts), "per-publisher order broken"
+
+
+def test_origin_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
+    cluster = cluster_factory(3)
+    sub = Client(cluster.ports["n2"], "fault-sub")
+    assert sub.wait_connected()
+    sub.subscribe("load/x", qos=1)
+    cluster.wait_interest("n2", "load/x")
+    count = 1500
+    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic="load/x")
+    wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
+    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1", "--sidecar-only")
+    assert result.returncode == 0, result.stderr
+    time.sleep(1.0)
+    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1")
+    assert result.returncode == 0, result.stderr
+    thread.join(30)
+    wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 30,
+             "every message after the restart")
+    _check_sequence(sub, count)
+    sub.close()
+
+
+def test_receiving_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
+    cluster = cluster_factory(3)
+    sub = Client(cluster.ports["n2"], "fault-sub2", clean=False, session_expiry=600)
+    assert sub.wait_connected()
+    sub.subscribe("load/y", qos=1)
+    cluster.wait_interest("n2", "load/y")
+    count = 1500
+    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic="load/y")
+    wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
+    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n2", "--sidecar-only")
+    assert result.returncode == 0, result.stderr
+    time.sleep(1.0)
+    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n2")
+    assert result.returncode == 0, result.stderr
+    thread.join(30)
+    wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 30,
+             "every message after the restart")
+    _check_sequence(sub, count)
+    sub.close()
