@@ -21,7 +21,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.local.events import MessageProperties
-from sidecar.local.protocol import SIDECAR_USERNAME
+from sidecar.local.link import sidecar_client
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
@@ -84,14 +84,8 @@ class ForwardClient:
         self._ready = asyncio.Event()
         self.received = 0
         self.reinjected = 0
-        self._client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-            protocol=mqtt.MQTTv5, transport="unix", manual_ack=True,
-        )
-        self._client.username_pw_set(SIDECAR_USERNAME, secret)
-        self._client.reconnect_delay_set(min_delay=0.1, max_delay=2)
+        self._client = sidecar_client(client_id, secret, manual_ack=True)
         self._client.max_inflight_messages_set(1000)
-        self._client.max_queued_messages_set(0)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message

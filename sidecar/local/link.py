@@ -47,6 +47,19 @@ class LinkError(RuntimeError):
     """The link to the local Mosquitto or its plugin failed; the message says what to check."""
 
 
+def sidecar_client(client_id: str, secret: str, manual_ack: bool = False) -> mqtt.Client:
+    """A paho MQTT v5 client over the private unix socket with the sidecar's credentials,
+    reconnecting quickly, with no client-side publish queue limit."""
+    client = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+        protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=True, manual_ack=manual_ack,
+    )
+    client.username_pw_set(SIDECAR_USERNAME, secret)
+    client.reconnect_delay_set(min_delay=0.1, max_delay=2)
+    client.max_queued_messages_set(0)
+    return client
+
+
 class LocalLink:
     """Connects to Mosquitto's private unix socket as the plugin's trusted sidecar."""
 
@@ -69,13 +82,7 @@ class LocalLink:
         self._connections = 0
         self._refused: str | None = None
         self.events_received = 0
-        self._client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-            protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=True,
-        )
-        self._client.username_pw_set(SIDECAR_USERNAME, secret)
-        self._client.reconnect_delay_set(min_delay=0.1, max_delay=2)
-        self._client.max_queued_messages_set(0)
+        self._client = sidecar_client(client_id, secret)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message

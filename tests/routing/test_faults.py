@@ -39,43 +39,33 @@ def _check_sequence(sub: Client, count: int) -> None:
     assert firsts == sorted(firsts), "per-publisher order broken"
 
 
-def test_origin_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
+def _kill_sidecar_under_load(cluster_factory, victim: str) -> None:
+    """QoS 1 load n1 → subscriber on n2; SIGKILL `victim`'s sidecar (its Mosquitto stays up),
+    restart it a second later; every message must arrive, in publish order."""
     cluster = cluster_factory(3)
-    sub = Client(cluster.ports["n2"], "fault-sub")
+    topic = f"load/{victim}"
+    sub = Client(cluster.ports["n2"], f"fault-sub-{victim}", clean=False, session_expiry=600)
     assert sub.wait_connected()
-    sub.subscribe("load/x", qos=1)
-    cluster.wait_interest("n2", "load/x")
+    sub.subscribe(topic, qos=1)
+    cluster.wait_interest("n2", topic)
     count = 1500
-    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic="load/x")
+    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic=topic)
     wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
-    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1", "--sidecar-only")
+    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), victim, "--sidecar-only")
     assert result.returncode == 0, result.stderr
     time.sleep(1.0)
-    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1")
+    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim)
     assert result.returncode == 0, result.stderr
     thread.join(30)
     wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 30,
              "every message after the restart")
     _check_sequence(sub, count)
     sub.close()
+
+
+def test_origin_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
+    _kill_sidecar_under_load(cluster_factory, "n1")
 
 
 def test_receiving_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
-    cluster = cluster_factory(3)
-    sub = Client(cluster.ports["n2"], "fault-sub2", clean=False, session_expiry=600)
-    assert sub.wait_connected()
-    sub.subscribe("load/y", qos=1)
-    cluster.wait_interest("n2", "load/y")
-    count = 1500
-    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic="load/y")
-    wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
-    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n2", "--sidecar-only")
-    assert result.returncode == 0, result.stderr
-    time.sleep(1.0)
-    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n2")
-    assert result.returncode == 0, result.stderr
-    thread.join(30)
-    wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 30,
-             "every message after the restart")
-    _check_sequence(sub, count)
-    sub.close()
+    _kill_sidecar_under_load(cluster_factory, "n2")

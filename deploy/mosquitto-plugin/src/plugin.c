@@ -282,29 +282,22 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 	if(id == NULL){
 		return g.auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	}
-	if(streq(id, g.fwd_id)){
-		if(streq(ed->username, MQFED_SIDECAR_USER) && secret_ok(ed->password)){
-			g.fwd = client;
-			return MOSQ_ERR_SUCCESS;
+	if(is_sidecar_id(id)){
+		if(!streq(ed->username, MQFED_SIDECAR_USER) || !secret_ok(ed->password)){
+			mosquitto_log_printf(MOSQ_LOG_WARNING,
+					"mqfed: refused a connection using the sidecar's client id '%s' without its "
+					"credentials", id);
+			emit_connect_rejected(id, ed->username, "auth");
+			return MOSQ_ERR_AUTH;
 		}
-		mosquitto_log_printf(MOSQ_LOG_WARNING,
-				"mqfed: refused a connection using the sidecar's forwarding client id '%s' "
-				"without its credentials", id);
-		emit_connect_rejected(id, ed->username, "auth");
-		return MOSQ_ERR_AUTH;
-	}
-	if(streq(id, g.sidecar_id)){
-		if(streq(ed->username, MQFED_SIDECAR_USER) && secret_ok(ed->password)){
+		if(streq(id, g.fwd_id)){
+			g.fwd = client;
+		}else{
 			g.sidecar = client;
 			g.publishing = false; /* until it asks with resume or snapshot */
 			calib_on_sidecar_auth(client);
-			return MOSQ_ERR_SUCCESS;
 		}
-		mosquitto_log_printf(MOSQ_LOG_WARNING,
-				"mqfed: refused a connection using the sidecar's client id '%s' without its "
-				"credentials", id);
-		emit_connect_rejected(id, ed->username, "auth");
-		return MOSQ_ERR_AUTH;
+		return MOSQ_ERR_SUCCESS;
 	}
 	d = deny_find(id);
 	if(d){
