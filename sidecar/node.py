@@ -113,10 +113,8 @@ class NodeLayout:
             self.socket_dir = SOCKET_FALLBACK_ROOT / digest
         self.socket_path = self.socket_dir / "mosquitto.sock"
 
-    def prepare(self) -> str:
-        """Create the folders (the socket's one writable by Mosquitto's user); return the
-        node's secret, created on first start."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def prepare_socket_dir(self) -> None:
+        """Create the socket's folder, writable by the user Mosquitto drops to."""
         if self.socket_dir.parent == SOCKET_FALLBACK_ROOT:
             SOCKET_FALLBACK_ROOT.mkdir(mode=0o711, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
@@ -124,6 +122,10 @@ class NodeLayout:
         if user is not None:  # Mosquitto drops to this user before binding the socket
             os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
             self.socket_dir.chmod(0o750)
+
+    def prepare(self) -> str:
+        """Create the run dir; return the node's secret, created on first start."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.secret_path.exists():
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
@@ -342,6 +344,7 @@ class Node:
         if cfg["mqtt"]["manage"]:
             self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
             self.layout.conf_path.chmod(0o600)
+            self.layout.prepare_socket_dir()
             self.broker = MosquittoProcess(cfg["mqtt"]["mosquitto"], self.layout.conf_path,
                                            self.layout.socket_path, self.layout.run_dir)
             await self.broker.start()

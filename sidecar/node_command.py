@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         if args.print_mosquitto_conf:
             layout = NodeLayout(config.run_dir)
             print(render_mosquitto_conf(config, layout, layout.prepare()), end="")
+            layout.prepare_socket_dir()  # Mosquitto, started by you, binds the socket there
             return 0
         return asyncio.run(run_node(config))
     except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError) as exc:

@@ -134,6 +134,7 @@ def test_plugin_not_loaded_fails_loudly(procs, tmp_path):
     run_dir = tmp_path / "n1"
     layout = NodeLayout(run_dir)
     layout.prepare()
+    layout.prepare_socket_dir()
     try:
         conf = tmp_path / "plain.conf"
         conf.write_text(f"allow_anonymous true\nlistener 0 {layout.socket_path}\n")
