@@ -49,6 +49,9 @@ ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
 BATCH_MESSAGES = 500
 BATCH_BYTES = 1 << 20
 PERSIST_AFTER = 0.05  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
+BACKLOG = 2000  # queued messages above which a peer's queue drains at DRAIN_RATE
+DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
+# per-subscriber queues (max_queued_messages), which drop messages silently
 
 
 class ClusterRouting:
@@ -75,6 +78,7 @@ class ClusterRouting:
         self._acks: dict[str, list[tuple[int, int, int]]] = {}
         self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
         self._flush_scheduled = False
+        self._drain_budget: dict[str, tuple[float, float]] = {}  # peer -> (tokens, at)
         self._tasks: list[asyncio.Task] = []
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
                          "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
@@ -284,18 +288,34 @@ class ClusterRouting:
             if envs and not self.transport.send(peer, wire.batch_frame(envs)):
                 self.counters["qos0_dropped"] += len(envs)
         self._qos0.clear()
+        now = time.monotonic()
         for peer, queue in self.queues.items():
             if not queue.connected or not self.transport.connected(peer):
                 continue
-            while self.transport.queued(peer) < 8:
-                batch = queue.next_batch(BATCH_MESSAGES, BATCH_BYTES)
+            budget = self._budget(peer, queue, now)
+            while self.transport.queued(peer) < 8 and budget >= 1:
+                batch = queue.next_batch(int(min(BATCH_MESSAGES, budget)), BATCH_BYTES)
                 if not batch:
                     break
+                budget -= len(batch)
                 self.transport.send(peer, wire.batch_frame(m.data for m in batch))
+            if peer in self._drain_budget:
+                self._drain_budget[peer] = (budget, now)
         for peer, acks in self._acks.items():
             if acks:
                 self.transport.reply(peer, wire.ack_frame(acks))
         self._acks.clear()
+
+    def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
+        """How many queued messages may go to `peer` now: unlimited for live traffic, paced
+        at DRAIN_RATE while a backlog (after an outage) drains."""
+        if queue.count() <= BACKLOG:
+            self._drain_budget.pop(peer, None)
+            return float("inf")
+        tokens, at = self._drain_budget.get(peer, (BATCH_MESSAGES, now))
+        tokens = min(tokens + (now - at) * DRAIN_RATE, DRAIN_RATE / 4)
+        self._drain_budget[peer] = (tokens, now)
+        return tokens
 
     # ---- receiving side ----------------------------------------------------------------
     def _on_envelopes(self, peer: str, envelopes) -> None:

@@ -14,6 +14,10 @@ from pathlib import Path
 AUTH_KEYS = {"password_file", "auth_plugin"}
 ACL_KEYS = {"acl_file", "auth_plugin"}
 OWNED_LOG_KEYS = {"log_dest"}
+DEFAULT_MAX_QUEUED = 10_000
+"""Mosquitto's per-client queue limit when the user sets none (stock: 1000). Larger, because a
+cluster queues in bursts a single broker does not have: the sidecar's own sessions while it
+restarts, and a peer's backlog draining after an outage."""
 
 
 class BrokerConfigError(ValueError):
@@ -29,6 +33,7 @@ class UserSettings:
     external_acl: bool
     sets_allow_anonymous: bool
     sets_log_dest: bool
+    sets_max_queued: bool = False
 
 
 def _refuse(path: Path, lineno: int, line: str, why: str) -> BrokerConfigError:
@@ -42,7 +47,7 @@ def read_user_settings(path: Path) -> UserSettings:
     except OSError as exc:
         raise BrokerConfigError(f"cannot read mqtt.include {path}: {exc.strerror}") from None
     lines: list[str] = []
-    external_auth = external_acl = sets_anon = sets_log_dest = False
+    external_auth = external_acl = sets_anon = sets_log_dest = sets_max_queued = False
     anonymous = True
     for lineno, line in enumerate(text.splitlines(), start=1):
         words = line.split()
@@ -71,10 +76,13 @@ def read_user_settings(path: Path) -> UserSettings:
             anonymous = args[:1] == ["true"]
         if key in OWNED_LOG_KEYS:
             sets_log_dest = True
+        if key == "max_queued_messages":
+            sets_max_queued = True
         lines.append(line)
     if sets_anon and not anonymous:
         external_auth = True
-    return UserSettings(tuple(lines), external_auth, external_acl, sets_anon, sets_log_dest)
+    return UserSettings(tuple(lines), external_auth, external_acl, sets_anon, sets_log_dest,
+                        sets_max_queued)
 
 
 def _decide(setting: str, detected: bool) -> bool:
@@ -115,6 +123,8 @@ def render(cfg: BrokerConfig) -> str:
     ]
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
+    if not (user and user.sets_max_queued):
+        out.append(f"max_queued_messages {DEFAULT_MAX_QUEUED}")
     if not (user and user.sets_log_dest):
         out += ["log_dest stderr", "log_type error", "log_type warning", "log_type notice"]
     if user is not None:

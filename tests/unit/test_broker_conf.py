@@ -69,3 +69,11 @@ def test_conflicting_user_settings_refused(tmp_path: Path, line: str, message: s
 def test_missing_include(tmp_path: Path):
     with pytest.raises(BrokerConfigError, match="cannot read mqtt.include"):
         read_user_settings(tmp_path / "nope.conf")
+
+
+def test_queue_limit_raised_unless_the_user_sets_one(tmp_path: Path):
+    assert "max_queued_messages 10000" in render(_cfg()).splitlines()
+    user = tmp_path / "user.conf"
+    user.write_text("max_queued_messages 500\n")
+    lines = render(_cfg(user=read_user_settings(user), include_path=user)).splitlines()
+    assert "max_queued_messages 500" in lines and "max_queued_messages 10000" not in lines
