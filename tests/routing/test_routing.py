@@ -148,3 +148,37 @@ def test_properties_are_preserved_end_to_end(cluster_factory):
 
 def _unused():  # keeps the mqtt import meaningful for type checkers
     return mqtt.MQTTv5
+
+
+def test_five_nodes_no_loops_no_duplicates(cluster_factory):
+    """Publishers on every node, overlapping subscribers on every node: each subscriber gets
+    each message exactly once per subscription, nothing loops between five nodes."""
+    cluster = cluster_factory(5)
+    nodes = sorted(cluster.ports)
+    subs = []
+    for node in nodes:
+        (sub,) = _clients(cluster, (node, f"sub-{node}", {"v5": False}))
+        sub.subscribe("mesh/#", 1)
+        sub.subscribe("mesh/+/x", 1)  # overlapping: a v3.1.1 client still gets one copy
+        subs.append(sub)
+    for node in nodes:
+        cluster.wait_interest(node, "mesh/#")
+    pubs = [_clients(cluster, (node, f"pub-{node}", {}))[0] for node in nodes]
+    per_publisher = 40
+    for i in range(per_publisher):
+        for n, pub in enumerate(pubs):
+            pub.publish(f"mesh/{n}/x", f"{n}:{i}".encode(), qos=1, wait=False)
+    expected = per_publisher * len(pubs)
+    for sub in subs:
+        sub.wait_count(expected, timeout=20)
+    time.sleep(1.0)
+    for sub in subs:
+        payloads = [m.payload.decode() for m in sub.messages]
+        assert len(payloads) == expected == len(set(payloads)), sub.client._client_id
+        for n in range(len(pubs)):
+            order = [int(p.split(":")[1]) for p in payloads if p.startswith(f"{n}:")]
+            assert order == list(range(per_publisher)), "per-publisher order"
+    received = sum(cluster.routing(node)["received"] for node in nodes)
+    assert received == expected * (len(nodes) - 1), "each message crosses to each other node once"
+    for c in subs + pubs:
+        c.close()
