@@ -325,6 +325,9 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "denied", deny_count());
 		cJSON_AddNumberToObject(o, "denied_connects", (double)g.denied_connects);
 		cJSON_AddNumberToObject(o, "published", (double)(g.pub_next - 1));
+		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)g.fwd_denied);
+		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", origin_tracked());
+		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)g.fwd_q2_evicted);
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 	}
@@ -341,6 +344,7 @@ int on_control(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
+	origin_event();
 	if(ed->client != g.sidecar || g.sidecar == NULL){
 		/* The ACL check already refuses this; never act on anyone but the sidecar. */
 		return MOSQ_ERR_SUCCESS;

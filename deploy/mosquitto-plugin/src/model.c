@@ -63,6 +63,7 @@ static void client_clear_subs(struct client *c)
 	}
 	g.n_subs -= c->sub_count;
 	c->sub_count = 0;
+	c->shared_count = 0;
 }
 
 static void client_set_offline(struct client *c)
@@ -359,6 +360,7 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 		s->qos = qos;
 		HASH_ADD_KEYPTR(hh, c->subs, s->filter, strlen(s->filter), s);
 		c->sub_count++;
+		if(strncmp(filter, "$share/", 7) == 0) c->shared_count++;
 		g.n_subs++;
 	}
 	ev = ev_new("subscribe");
@@ -380,6 +382,7 @@ void model_unsubscribe(struct client *c, const char *filter)
 	HASH_FIND_STR(c->subs, filter, s);
 	if(s == NULL) return; /* it had no such subscription: nothing changes */
 	HASH_DEL(c->subs, s);
+	if(strncmp(s->filter, "$share/", 7) == 0) c->shared_count--;
 	free(s->filter);
 	free(s);
 	c->sub_count--;

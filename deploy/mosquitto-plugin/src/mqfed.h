@@ -54,6 +54,14 @@ struct client {
 	time_t expire_at;          /* offline with a finite known expiry: wall clock second; else 0 */
 	struct sub *subs;
 	unsigned sub_count;
+	unsigned shared_count;     /* of which $share/<group>/... */
+	/* the READ checks Mosquitto makes for this client while routing one re-injected message
+	 * (origin.c): which run, how many checks so far, matching plain / shared subscriptions */
+	uint64_t run_seq;
+	const char *run_topic;     /* identity only, never dereferenced */
+	unsigned run_checks;
+	unsigned run_plain;
+	unsigned run_shared;
 };
 
 /* A connection that passed our BASIC_AUTH callback; later providers may still refuse it. */
@@ -77,6 +85,25 @@ struct deny {
 struct event {
 	char *json;
 	size_t len;
+};
+
+/* A message as plugin callbacks see it (origin.c). Mosquitto passes the MESSAGE callback and
+ * every READ check of a routed message the same msg-store topic and payload pointers. */
+struct fwd_fp {
+	const char *topic;         /* identity only while the message lives */
+	const void *payload;       /* NULL for an empty payload */
+	uint32_t len;
+	uint8_t qos;
+	uint64_t hash;             /* of the topic and payload contents */
+};
+
+/* A QoS 2 message published by the forwarding connection, routed later at its PUBREL. */
+struct fwd_q2 {
+	UT_hash_handle hh;         /* keyed by fp.topic (pointer) */
+	struct fwd_fp fp;
+	int64_t born_ms;
+	bool hit;                  /* a READ check of its routing was seen */
+	struct fwd_q2 *next_hit;
 };
 
 struct mqfed {
@@ -134,6 +161,18 @@ struct mqfed {
 	/* timers */
 	int64_t last_heartbeat_ms;
 	time_t last_expiry_check;
+
+	/* re-injected messages vs shared subscriptions (origin.c) */
+	uint64_t fwd_q2_max;       /* option fwd_qos2_max */
+	uint64_t hash_seed;
+	uint64_t run_seq;          /* bumped by every callback other than a READ check */
+	bool fwd_cur_set;          /* a QoS 0/1 message of .fwd: routed before the next callback */
+	struct fwd_fp fwd_cur;
+	struct fwd_q2 *fwd_q2;     /* QoS 2 messages of .fwd awaiting PUBREL, oldest first */
+	struct fwd_q2 *fwd_hits;   /* entries whose routing ran: dropped at the next callback */
+	time_t fwd_drop_at;        /* .fwd offline with a session: forget all entries at this time */
+	uint64_t fwd_denied;       /* deliveries to shared subscriptions refused */
+	uint64_t fwd_q2_evicted;   /* entries forgotten before their routing (cap, age, session) */
 };
 
 extern struct mqfed g;
@@ -145,6 +184,8 @@ bool streq(const char *a, const char *b);
 char *b64_encode(const void *data, size_t len, size_t *out_len);
 int b64_decode(const char *in, unsigned char **out, size_t *out_len);
 bool topic_in_subtree(const char *topic, const char *root);
+const char *strip_share(const char *filter);
+uint64_t hash_bytes(uint64_t h, const void *data, size_t len);
 void cjson_add_str_or_null(cJSON *o, const char *key, const char *v);
 void cjson_add_expiry(cJSON *o, const char *key, int64_t v);
 cJSON *properties_to_json(const mosquitto_property *props);
@@ -186,6 +227,17 @@ void model_fill_unknown_expiry(void);
 unsigned model_sessions(void);
 cJSON *model_client_json(struct client *c);
 void emit_connect_rejected(const char *id, const char *username, const char *reason);
+
+/* origin.c */
+void origin_event(void);
+void origin_on_message(const struct mosquitto_evt_message *ed);
+bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
+		uint32_t payloadlen, uint8_t qos, bool retain);
+void origin_fwd_auth(struct mosquitto *client);
+void origin_fwd_disconnect(struct mosquitto *client);
+void origin_tick(void);
+unsigned origin_tracked(void);
+void origin_cleanup(void);
 
 /* commands.c */
 int on_control(int event, void *event_data, void *userdata);

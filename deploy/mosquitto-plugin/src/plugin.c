@@ -66,6 +66,7 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 	g.buf_max_bytes = 268435456;
 	g.heartbeat_ms = 1000;
 	g.snapshot_chunk = 500;
+	g.fwd_q2_max = 65535;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -93,6 +94,8 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 		}else if(streq(k, "snapshot_chunk")){
 			if(parse_u64(k, val, 1, 1000000, &v)) return -1;
 			g.snapshot_chunk = (unsigned)v;
+		}else if(streq(k, "fwd_qos2_max")){
+			if(parse_u64(k, val, 1, 1000000, &g.fwd_q2_max)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -154,16 +157,6 @@ static bool secret_ok(const char *password)
 		diff |= (unsigned char)(password[i] ^ g.secret[i]);
 	}
 	return diff == 0 && a == b;
-}
-
-/* The filter, without a "$share/<group>/" prefix. */
-static const char *strip_share(const char *filter)
-{
-	const char *p;
-
-	if(strncmp(filter, "$share/", 7) != 0) return filter;
-	p = strchr(filter + 7, '/');
-	return p ? p + 1 : filter;
 }
 
 /* The sidecar for ACL purposes. Besides its live connection, Mosquitto also checks on behalf of
@@ -246,6 +239,15 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	if(g.nested) return MOSQ_ERR_PLUGIN_DEFER;
+	if(ed->access == MOSQ_ACL_READ){
+		/* a message re-injected by .fwd never goes to a shared subscription (origin.c) */
+		if(origin_read_denied(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos,
+					ed->retain)){
+			return MOSQ_ERR_ACL_DENIED;
+		}
+	}else{
+		origin_event();
+	}
 	if(is_sidecar(ed->client)) return MOSQ_ERR_SUCCESS;
 	if(ed->topic == NULL) return pass;
 
@@ -279,6 +281,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
+	origin_event();
 	if(id == NULL){
 		return g.auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	}
@@ -292,6 +295,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}
 		if(streq(id, g.fwd_id)){
 			g.fwd = client;
+			origin_fwd_auth(client);
 		}else{
 			g.sidecar = client;
 			g.publishing = false; /* until it asks with resume or snapshot */
@@ -319,6 +323,7 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
+	origin_event();
 	if(is_sidecar_id(id)){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: refused enhanced authentication using the sidecar's client id '%s'", id);
@@ -338,6 +343,7 @@ static int on_message(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
+	origin_on_message(ed);
 	if(!ed->retain || ed->client == g.sidecar || ed->client == g.fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -396,6 +402,8 @@ static int on_tick(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)event_data;
 	(void)userdata;
+	origin_event();
+	origin_tick();
 	if(g.pending) pending_resolve_all();
 
 	now = time(NULL);
@@ -420,6 +428,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 
 	(void)event;
 	(void)userdata;
+	origin_event();
 	if(ed->client == NULL) return MOSQ_ERR_SUCCESS;
 	if(ed->client == g.sidecar){
 		g.sidecar = NULL;
@@ -427,6 +436,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_SUCCESS;
 	}
 	if(ed->client == g.fwd){
+		origin_fwd_disconnect(ed->client);
 		g.fwd = NULL;
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -439,6 +449,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 static void free_all(void)
 {
 	model_cleanup();
+	origin_cleanup();
 	deny_cleanup();
 	events_cleanup();
 	free(g.secret);
@@ -472,6 +483,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 		return MOSQ_ERR_INVAL;
 	}
 	make_epoch();
+	g.hash_seed = strtoull(g.epoch, NULL, 16);
 
 	rc = mosquitto_callback_register(g.pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
 	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,

@@ -110,6 +110,39 @@ bool topic_in_subtree(const char *topic, const char *root)
 	return topic[rl] == '\0' || topic[rl] == '/';
 }
 
+/* The filter without a "$share/<group>/" prefix (itself when it has none). */
+const char *strip_share(const char *filter)
+{
+	const char *p;
+
+	if(strncmp(filter, "$share/", 7) != 0) return filter;
+	p = strchr(filter + 7, '/');
+	return p ? p + 1 : filter;
+}
+
+/* A fast 64-bit hash (not cryptographic; seeded per plugin start). */
+uint64_t hash_bytes(uint64_t h, const void *data, size_t len)
+{
+	const unsigned char *b = data;
+	uint64_t w;
+
+	h ^= (uint64_t)len * 0x9e3779b97f4a7c15ULL;
+	while(len >= 8){
+		memcpy(&w, b, 8);
+		h = (h ^ w) * 0xff51afd7ed558ccdULL;
+		h = (h << 31) | (h >> 33);
+		b += 8;
+		len -= 8;
+	}
+	w = 0;
+	if(len) memcpy(&w, b, len);
+	h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	return h;
+}
+
 void cjson_add_str_or_null(cJSON *o, const char *key, const char *v)
 {
 	if(v){
