@@ -55,6 +55,29 @@ class Cluster:
         wait_for(seen, timeout, f"interest in {filt} from {node}")
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """One 3-node cluster for a whole test module (for many small independent checks)."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    path = Path(tempfile.mkdtemp(prefix="mqfed-routing-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        result = mqfed("up", "--nodes", "3", "--detach", "--json", "--base-port",
+                       str(base_port(3)), "--run-dir", str(path), timeout=120)
+        assert result.returncode == 0, result.stderr + logs_of(path)
+        cluster = Cluster(path, json.loads(result.stdout))
+        cluster.wait_meshed()
+        yield cluster
+    finally:
+        left = cleanup(path)
+        if left:
+            print(logs_of(path))
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        assert not left, f"processes of {path} still running: {left}"
+
+
 @pytest.fixture
 def cluster_factory(request: pytest.FixtureRequest) -> Iterator:
     if not PLUGIN.exists():

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import time
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
 from tests.harness.procs import wait_for
 from tests.node.mqtt import Client
 
@@ -119,35 +115,6 @@ def test_dollar_topics_and_hash(cluster_factory):
         c.close()
 
 
-def test_properties_are_preserved_end_to_end(cluster_factory):
-    cluster = cluster_factory(3)
-    (sub,) = _clients(cluster, ("n3", "props", {}))
-    sub.subscribe("p/#", 1)
-    cluster.wait_interest("n3", "p/#")
-    (pub,) = _clients(cluster, ("n1", "pubp", {}))
-    props = Properties(PacketTypes.PUBLISH)
-    props.UserProperty = [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
-    props.ContentType = "application/json"
-    props.PayloadFormatIndicator = 1
-    props.CorrelationData = b"\x00corr\xff"
-    props.ResponseTopic = "reply/here"
-    props.MessageExpiryInterval = 300
-    pub.publish("p/1", b'{"a":1}', qos=1, properties=props)
-    (msg,) = sub.wait_count(1)
-    got = msg.properties
-    assert got.UserProperty == [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
-    assert got.ContentType == "application/json"
-    assert got.PayloadFormatIndicator == 1
-    assert got.CorrelationData == b"\x00corr\xff"
-    assert got.ResponseTopic == "reply/here"
-    assert 290 <= got.MessageExpiryInterval <= 300
-    assert msg.payload == b'{"a":1}'
-    for c in (sub, pub):
-        c.close()
-
-
-def _unused():  # keeps the mqtt import meaningful for type checkers
-    return mqtt.MQTTv5
 
 
 def test_five_nodes_no_loops_no_duplicates(cluster_factory):
