@@ -140,6 +140,8 @@ class ClusterRouting:
 
     # ---- local interest → peers ----------------------------------------------------------
     def on_interest_changes(self, changes: list[InterestChange]) -> None:
+        # $SYS topics describe each broker itself: a $SYS subscriber sees its own node's
+        changes = [c for c in changes if not c.key.filter.startswith("$SYS")]
         delta = self.local_interest.apply(changes)
         if delta is None:
             return

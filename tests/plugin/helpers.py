@@ -558,3 +558,295 @@ def normalize_snapshot(clients: list[dict]) -> dict[str, dict]:
 
 def user_props(props: Properties | None) -> list[tuple[str, str]]:
     return list(getattr(props, "UserProperty", []) or []) if props else []
+
+
+# ---- a hand-driven MQTT v5 client ---------------------------------------------------------
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n % 128
+        n //= 128
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _str(s: str | bytes) -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return len(b).to_bytes(2, "big") + b
+
+
+_PROP_BYTE = {0x01, 0x17, 0x19, 0x24, 0x25, 0x28, 0x29, 0x2A}
+_PROP_U16 = {0x13, 0x21, 0x22, 0x23}
+_PROP_U32 = {0x02, 0x11, 0x18, 0x27}
+_PROP_STR = {0x03, 0x08, 0x12, 0x15, 0x1A, 0x1C, 0x1F}
+_PROP_BIN = {0x09, 0x16}
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    n, mult = 0, 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        n += (b & 0x7F) * mult
+        mult *= 128
+        if not b & 0x80:
+            return n, pos
+
+
+def _read_props(buf: bytes, pos: int) -> tuple[dict[int, list], int]:
+    plen, pos = _read_varint(buf, pos)
+    end = pos + plen
+    props: dict[int, list] = {}
+    while pos < end:
+        pid, pos = _read_varint(buf, pos)
+        if pid in _PROP_BYTE:
+            v, pos = buf[pos], pos + 1
+        elif pid in _PROP_U16:
+            v, pos = int.from_bytes(buf[pos:pos + 2], "big"), pos + 2
+        elif pid in _PROP_U32:
+            v, pos = int.from_bytes(buf[pos:pos + 4], "big"), pos + 4
+        elif pid == 0x0B:
+            v, pos = _read_varint(buf, pos)
+        elif pid in _PROP_STR or pid in _PROP_BIN:
+            n = int.from_bytes(buf[pos:pos + 2], "big")
+            v, pos = buf[pos + 2:pos + 2 + n], pos + 2 + n
+        elif pid == 0x26:
+            n = int.from_bytes(buf[pos:pos + 2], "big")
+            k = buf[pos + 2:pos + 2 + n]
+            pos += 2 + n
+            n = int.from_bytes(buf[pos:pos + 2], "big")
+            v = (k, buf[pos + 2:pos + 2 + n])
+            pos += 2 + n
+        else:
+            raise ValueError(f"unknown property {pid:#x}")
+        props.setdefault(pid, []).append(v)
+    return props, end
+
+
+class RawMessage:
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                 sub_ids: list[int]) -> None:
+        self.topic, self.payload, self.qos = topic, payload, qos
+        self.retain, self.dup, self.sub_ids = retain, dup, sub_ids
+
+    def __repr__(self) -> str:
+        return f"RawMessage({self.topic!r}, {self.payload[:20]!r}, q{self.qos}, {self.sub_ids})"
+
+
+class RawClient:
+    """An MQTT v5 client driven packet by packet: a QoS 2 PUBLISH whose PUBREL is sent later, a
+    DUP resend, a will of any QoS, an abrupt close. Received messages are acknowledged (QoS 1/2)
+    and recorded in `messages`."""
+
+    def __init__(self, client_id: str, sock: str | None = None, port: int | None = None,
+                 username: str | None = None, password: str | None = None,
+                 clean_start: bool = True, session_expiry: int = 0, keepalive: int = 60,
+                 will: tuple[str, bytes, int] | None = None) -> None:
+        self.client_id = client_id
+        self.addr = sock if sock else ("127.0.0.1", port)
+        self.family = socket.AF_UNIX if sock else socket.AF_INET
+        self.username, self.password = username, password
+        self.clean_start, self.session_expiry = clean_start, session_expiry
+        self.keepalive, self.will = keepalive, will
+        self.s: socket.socket | None = None
+        self.cond = threading.Condition()
+        self.messages: list[RawMessage] = []
+        self.acks: dict[tuple[int, int], list[int]] = {}   # (packet type, mid) -> reasons
+        self.connack: tuple[bool, int] | None = None
+        self.closed = False
+        self._next_mid = 0
+        self._wlock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    # -- wire
+    def _send(self, first: int, body: bytes) -> None:
+        with self._wlock:
+            assert self.s is not None
+            self.s.sendall(bytes([first]) + _varint(len(body)) + body)
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            assert self.s is not None
+            chunk = self.s.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    def _read_packet(self) -> tuple[int, bytes]:
+        first = self._recv_exact(1)[0]
+        n, mult = 0, 1
+        while True:
+            b = self._recv_exact(1)[0]
+            n += (b & 0x7F) * mult
+            mult *= 128
+            if not b & 0x80:
+                break
+        return first, self._recv_exact(n) if n else b""
+
+    def connect(self, timeout: float = 5.0) -> bool:
+        """Connect; returns session_present. Raises ConnectFailed on a refusal."""
+        self.s = socket.socket(self.family, socket.SOCK_STREAM)
+        self.s.settimeout(timeout)
+        self.s.connect(self.addr)
+        flags = 0x02 if self.clean_start else 0
+        props = b""
+        if self.session_expiry:
+            props += b"\x11" + self.session_expiry.to_bytes(4, "big")
+        payload = _str(self.client_id)
+        if self.will:
+            topic, wpayload, wqos = self.will
+            flags |= 0x04 | (wqos << 3)
+            payload += _varint(0) + _str(topic) + _str(wpayload)
+        if self.username is not None:
+            flags |= 0x80
+            payload += _str(self.username)
+        if self.password is not None:
+            flags |= 0x40
+            payload += _str(self.password)
+        body = (_str("MQTT") + bytes([5, flags]) + self.keepalive.to_bytes(2, "big")
+                + _varint(len(props)) + props + payload)
+        self._send(0x10, body)
+        first, body = self._read_packet()
+        if first != 0x20 or body[1] != 0:
+            self.s.close()
+            raise ConnectFailed(f"{self.client_id}: CONNACK {body!r}",
+                                body[1] if len(body) > 1 else None)
+        self.connack = (bool(body[0] & 1), body[1])
+        self.s.settimeout(None)
+        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        self._reader.start()
+        return self.connack[0]
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                first, body = self._read_packet()
+                self._handle(first, body)
+        except (OSError, ConnectionError, ValueError):
+            pass
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def _handle(self, first: int, body: bytes) -> None:
+        kind = first >> 4
+        if kind == 3:
+            qos = (first >> 1) & 3
+            tlen = int.from_bytes(body[:2], "big")
+            topic = body[2:2 + tlen].decode()
+            pos = 2 + tlen
+            mid = 0
+            if qos:
+                mid = int.from_bytes(body[pos:pos + 2], "big")
+                pos += 2
+            props, pos = _read_props(body, pos)
+            msg = RawMessage(topic, body[pos:], qos, bool(first & 1), bool(first & 8),
+                             list(props.get(0x0B, [])))
+            with self.cond:
+                self.messages.append(msg)
+                self.cond.notify_all()
+            if qos == 1:
+                self._send(0x40, mid.to_bytes(2, "big"))
+            elif qos == 2:
+                self._send(0x50, mid.to_bytes(2, "big"))
+        elif kind == 6:          # PUBREL for a message we received
+            self._send(0x70, body[:2])
+        elif kind in (4, 5, 7, 9, 11):   # PUBACK PUBREC PUBCOMP SUBACK UNSUBACK
+            mid = int.from_bytes(body[:2], "big")
+            if kind in (9, 11):
+                _, pos = _read_props(body, 2)
+                reasons = list(body[pos:])
+            else:
+                reasons = [body[2]] if len(body) > 2 else [0]
+            with self.cond:
+                self.acks[(kind, mid)] = reasons
+                self.cond.notify_all()
+
+    def _mid(self) -> int:
+        self._next_mid = self._next_mid % 65535 + 1
+        return self._next_mid
+
+    def wait_ack(self, kind: int, mid: int, timeout: float = 5.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while (kind, mid) not in self.acks:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    raise TimeoutError(f"{self.client_id}: no ack {kind} for mid {mid}")
+                self.cond.wait(left)
+            return self.acks.pop((kind, mid))
+
+    # -- operations
+    def publish(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
+                mid: int | None = None, dup: bool = False, wait: bool = True) -> int:
+        """Send a PUBLISH. QoS 1: waits for the PUBACK; QoS 2: waits for the PUBREC only (the
+        PUBREL is `pubrel`), unless wait=False. Returns the mid."""
+        if qos and mid is None:
+            mid = self._mid()
+        body = _str(topic) + (mid.to_bytes(2, "big") if qos else b"") + b"\x00" + payload
+        self._send(0x30 | (dup << 3) | (qos << 1) | int(retain), body)
+        if wait and qos:
+            self.wait_ack(4 if qos == 1 else 5, mid)
+        return mid or 0
+
+    def pubrel(self, mid: int, wait: bool = True) -> None:
+        self._send(0x62, mid.to_bytes(2, "big"))
+        if wait:
+            self.wait_ack(7, mid)
+
+    def publish2(self, topic: str, payload: bytes = b"") -> int:
+        """A complete QoS 2 flow."""
+        mid = self.publish(topic, payload, qos=2)
+        self.pubrel(mid)
+        return mid
+
+    def subscribe(self, filt: str, qos: int = 2, no_local: bool = False,
+                  sub_id: int | None = None) -> list[int]:
+        mid = self._mid()
+        props = b"\x0b" + _varint(sub_id) if sub_id else b""
+        body = (mid.to_bytes(2, "big") + _varint(len(props)) + props + _str(filt)
+                + bytes([qos | (0x04 if no_local else 0)]))
+        self._send(0x82, body)
+        return self.wait_ack(9, mid)
+
+    def received(self, pred: Callable[[RawMessage], bool] = lambda m: True) -> list[RawMessage]:
+        with self.cond:
+            return [m for m in self.messages if pred(m)]
+
+    def wait_messages(self, pred: Callable[[RawMessage], bool], count: int = 1,
+                      timeout: float = 5.0) -> list[RawMessage]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                got = [m for m in self.messages if pred(m)]
+                if len(got) >= count:
+                    return got
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return got
+                self.cond.wait(left)
+
+    def disconnect(self) -> None:
+        try:
+            self._send(0xE0, b"")
+        except OSError:
+            pass
+        self.close()
+
+    def drop(self) -> None:
+        """Close the socket without a DISCONNECT (the will is published)."""
+        self.close()
+
+    def close(self) -> None:
+        if self.s is not None:
+            try:
+                self.s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.s.close()
+        if self._reader:
+            self._reader.join(2)

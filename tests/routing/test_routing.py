@@ -149,3 +149,19 @@ def test_five_nodes_no_loops_no_duplicates(cluster_factory):
     assert received == expected * (len(nodes) - 1), "each message crosses to each other node once"
     for c in subs + pubs:
         c.close()
+
+
+def test_sys_topics_stay_on_their_node(cluster_factory):
+    """`$SYS/#` is each broker's own status: a subscriber on n2 never makes n1 or n3 forward
+    theirs (and a '#' subscriber gets no $SYS at all)."""
+    cluster = cluster_factory(3)
+    sys_sub, plain = _clients(cluster, ("n2", "sys-sub", {}), ("n2", "plain-sub", {}))
+    sys_sub.subscribe("$SYS/#", 0)
+    plain.subscribe("marker", 1)
+    cluster.wait_interest("n2", "marker")
+    for other in ("n1", "n3"):
+        subs = cluster.routing(other)["forwarding_subscriptions"]
+        assert subs == 1, f"{other} forwards only 'marker', not $SYS ({subs})"
+    assert cluster.routing("n2")["received"] == 0
+    for c in (sys_sub, plain):
+        c.close()
