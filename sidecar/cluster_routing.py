@@ -77,6 +77,7 @@ class ClusterRouting:
         self._qos0: dict[str, list[bytes]] = {}
         self._acks: dict[str, list[tuple[int, int, int]]] = {}
         self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
+        self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
         self._drain_budget: dict[str, tuple[float, float]] = {}  # peer -> (tokens, at)
         self._tasks: list[asyncio.Task] = []
@@ -361,7 +362,10 @@ class ClusterRouting:
         online = [m for m in members if self.table.sessions()[m].online] or members
         status = ACK_REJECTED
         if online:
-            client = online[env.origin_seq % len(online)]
+            key = (env.shared_group or "", env.shared_filter)
+            turn = self._shared_turn.get(key, 0)
+            self._shared_turn[key] = turn + 1
+            client = online[turn % len(online)]
             try:
                 await self.deliver(client, env)
                 status = ACK_OK
