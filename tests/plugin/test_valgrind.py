@@ -12,7 +12,15 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.plugin.helpers import SIDECAR_USER, Client, ConnectFailed, FakeSidecar
+from tests.plugin.helpers import (
+    SECRET,
+    SIDECAR_ID,
+    SIDECAR_USER,
+    Client,
+    ConnectFailed,
+    FakeSidecar,
+    RawClient,
+)
 
 SUPP = Path(__file__).with_name("mosquitto.supp")
 
@@ -100,6 +108,32 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     s.disconnect()
     sc.wait_type("session_expired", client="vg-short", timeout=20)
 
+    # re-injections by the forwarding connection: plain only, never a shared member
+    fwd = clients(RawClient(SIDECAR_ID + ".fwd", sock=b.sock, username=SIDECAR_USER,
+                            password=SECRET, clean_start=False, session_expiry=3600))
+    fwd.connect(timeout=20)
+    fwd.subscribe("$share/g/f/#", 2)
+    member = client("vg-member")
+    member.connect(timeout=20)
+    member.subscribe("$share/g/f/#", 2, timeout=20)
+    both = client("vg-both")
+    both.connect(timeout=20)
+    both.subscribe([("f/#", 2), ("$share/g/f/#", 2)], timeout=20)
+    fwd.publish("f/1", b"q0", qos=0)
+    fwd.publish("f/1", b"q1", qos=1)
+    fwd.publish2("f/1", b"")
+    mid = fwd.publish("f/1", b"q2", qos=2)
+    fwd.publish("f/1", b"q2", qos=2, mid=mid, dup=True)      # a stale entry
+    fwd.pubrel(mid)
+    fwd.publish("f/1", b"pending", qos=2)                    # never released: freed at exit
+    member.publish("f/1", b"ordinary", qos=1)
+    both.wait_messages(lambda m: m.payload != b"ordinary", count=4, timeout=20)
+    assert both.wait_messages(lambda m: m.payload == b"ordinary", timeout=20)
+    time.sleep(0.3)
+    assert not [m for m in member.messages if m.payload != b"ordinary"]
+    assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
+        b"", b"q0", b"q1", b"q2"]
+
     # stats, bad commands, heartbeat
     assert sc.call("stats", timeout=20)["calibration"] == {"session_expiry": "ok"}
     assert sc.call("nope", timeout=20)["error"] == "unknown_command"
@@ -117,7 +151,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert {c["client"] for c in snap} >= {"vg-persist", "vg-v311", "vg-online"}
     v3.drop()
     sc2.wait_type("disconnect", client="vg-v311", timeout=20)
-    for c in [on, p2, p3, sc2]:
+    for c in [on, p2, p3, sc2, member, both]:
         c.close()
     rc = b.stop(timeout=60)
     report = vglog.read_text()
