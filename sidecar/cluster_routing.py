@@ -26,7 +26,9 @@ from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.transport import PeerTransport
 from sidecar.routing.forwarder import (
+    LOCAL,
     AckLocal,
+    DeliverLocalShared,
     Envelope,
     Forwarder,
     LocalCopy,
@@ -212,19 +214,30 @@ class ClusterRouting:
     def _on_copies(self, copies: list[LocalCopy]) -> None:
         wall_ms = int(time.time() * 1000)
         down = [p for p in self.queues if not self.transport.connected(p)]
-        now = time.monotonic()
         for copy in copies:
-            for action in self.forwarder.on_copy(copy, wall_ms, down):
-                if isinstance(action, QueueEnvelope):
-                    self._queue(action.peer, action.envelope, now)
-                elif isinstance(action, SendEnvelope):
-                    self._qos0.setdefault(action.peer, []).append(
-                        wire.encode_envelope(action.envelope))
-                elif isinstance(action, AckLocal):
-                    self.fwd.ack(action.mid, action.qos)
-                elif isinstance(action, Unroutable):
-                    self.counters["unroutable"] += 1
+            self._run_forward(self.forwarder.on_copy(copy, wall_ms, down))
         self._schedule_flush()
+
+    def _run_forward(self, actions) -> None:
+        now = time.monotonic()
+        for action in actions:
+            if isinstance(action, QueueEnvelope):
+                self._queue(action.peer, action.envelope, now)
+            elif isinstance(action, SendEnvelope):
+                self._qos0.setdefault(action.peer, []).append(
+                    wire.encode_envelope(action.envelope))
+            elif isinstance(action, AckLocal):
+                self.fwd.ack(action.mid, action.qos)
+            elif isinstance(action, DeliverLocalShared):
+                asyncio.get_running_loop().create_task(self._deliver_local(action.envelope))
+            elif isinstance(action, Unroutable):
+                self.counters["unroutable"] += 1
+
+    async def _deliver_local(self, env: Envelope) -> None:
+        """A rejected shared delivery with no remote member left: one local member takes it."""
+        if not await self._deliver_to_member(env):
+            self.counters["unroutable"] += 1
+        self._ack_local(self.forwarder.on_settled(LOCAL, [env.origin_seq]))
 
     def _queue(self, peer: str, env: Envelope, now: float) -> None:
         queue = self.queues[peer]
@@ -244,15 +257,22 @@ class ClusterRouting:
         if queue is None:
             return
         by_inc: dict[int, list[int]] = {}
+        rejected: list[int] = []
         for ack in acks:
             by_inc.setdefault(ack.origin_incarnation, []).append(ack.origin_seq)
+            if ack.status == ACK_REJECTED and ack.origin_incarnation == self.incarnation:
+                rejected.append(ack.origin_seq)
         for inc, seqs in by_inc.items():
             queue.on_acked(seqs, inc)
             if inc == self.incarnation:
                 offered = self._offered_at[peer]
                 for seq in seqs:
                     offered.pop(seq, None)
-                self._ack_local(self.forwarder.on_settled(peer, seqs))
+                refused = set(rejected)
+                self._ack_local(self.forwarder.on_settled(
+                    peer, [s for s in seqs if s not in refused]))
+        for seq in rejected:
+            self._run_forward(self.forwarder.on_rejected(peer, seq))
         self._schedule_flush()
 
     def _ack_local(self, acks: list[AckLocal]) -> None:
@@ -357,22 +377,29 @@ class ClusterRouting:
         holders = [c for c in sessions if verbatim in self.table.subscriptions(c)]
         return sorted(holders, key=lambda c: not sessions[c].online)
 
-    async def _deliver_shared(self, peer: str, env: Envelope) -> None:
+    async def _deliver_to_member(self, env: Envelope) -> bool:
+        """Deliver to one local member of the envelope's shared group, round robin."""
         members = self.shared_members(env.shared_group or "", env.shared_filter)
         online = [m for m in members if self.table.sessions()[m].online] or members
-        status = ACK_REJECTED
-        if online:
-            key = (env.shared_group or "", env.shared_filter)
-            turn = self._shared_turn.get(key, 0)
-            self._shared_turn[key] = turn + 1
-            client = online[turn % len(online)]
-            try:
-                await self.deliver(client, env)
-                status = ACK_OK
-                self.counters["shared_delivered"] += 1
-            except Exception as exc:  # the plugin refused or timed out: the origin is told
-                log.warning("shared delivery failed: %s", exc, extra={"client": client})
-        if status == ACK_REJECTED:
+        if not online:
+            return False
+        key = (env.shared_group or "", env.shared_filter)
+        turn = self._shared_turn.get(key, 0)
+        self._shared_turn[key] = turn + 1
+        client = online[turn % len(online)]
+        try:
+            await self.deliver(client, env)
+        except Exception as exc:  # the plugin refused or timed out: the origin is told
+            log.warning("shared delivery failed: %s", exc, extra={"client": client})
+            return False
+        return True
+
+    async def _deliver_shared(self, peer: str, env: Envelope) -> None:
+        if await self._deliver_to_member(env):
+            status = ACK_OK
+            self.counters["shared_delivered"] += 1
+        else:
+            status = ACK_REJECTED
             self.counters["shared_rejected"] += 1
         if env.qos:
             self._ack_peer(peer, env.origin_incarnation, env.origin_seq, status)

@@ -82,7 +82,18 @@ class Unroutable:
     key: InterestKey
 
 
-ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | Unroutable
+@dataclass(frozen=True)
+class DeliverLocalShared:
+    """No peer holds the group any more: deliver to one LOCAL member of
+    ``$share/<shared_group>/<shared_filter>``, then call `on_settled(LOCAL, [seq])`."""
+
+    envelope: Envelope
+
+
+LOCAL = ""
+"""The pseudo-peer a local shared delivery settles as."""
+
+ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | Unroutable | DeliverLocalShared
 
 
 @dataclass
@@ -103,6 +114,8 @@ class Forwarder:
         self.clock = clock
         self._seq = 0
         self._pending: dict[int, _Pending] = {}  # origin seq -> local copy waiting for peers
+        # QoS >= 1 shared deliveries awaiting the peer's ack: (seq, peer) -> envelope, tried
+        self._shared: dict[tuple[int, str], tuple[Envelope, set[str]]] = {}
         self.forwarded = 0
         self.skipped = 0
         self.unroutable = 0
@@ -136,12 +149,37 @@ class Forwarder:
             actions.append(AckLocal(copy.mid, 0))
         else:
             self._pending[seq] = _Pending(copy.mid, copy.qos, {peer for peer, _, _ in targets})
+            for action in actions:
+                if isinstance(action, QueueEnvelope) and action.envelope.shared_group is not None:
+                    self._shared[(seq, action.peer)] = (action.envelope, {action.peer})
         return actions
+
+    def on_rejected(self, peer: str, seq: int) -> list[ForwardAction]:
+        """`peer` will not deliver `seq` (for a shared delivery: it has no member left). A
+        shared delivery moves to another peer holding the group, else to a local member; so a
+        member leaving never loses a message. Anything else just settles."""
+        entry = self._shared.pop((seq, peer), None)
+        pending = self._pending.get(seq)
+        if entry is None or pending is None:
+            return list(self.on_settled(peer, [seq]))
+        env, tried = entry
+        group = env.shared_group or ""
+        others = sorted(self.interest.shared_peers(group, env.shared_filter) - tried)
+        pending.waiting.discard(peer)
+        if others:
+            target = others[0]
+            tried.add(target)
+            pending.waiting.add(target)
+            self._shared[(seq, target)] = (env, tried)
+            return [QueueEnvelope(target, env)]
+        pending.waiting.add(LOCAL)
+        return [DeliverLocalShared(env)]
 
     def on_settled(self, peer: str, seqs: Iterable[int]) -> list[AckLocal]:
         """`peer` acked, durably queued or refused these seqs; return the local acks now due."""
         out: list[AckLocal] = []
         for seq in seqs:
+            self._shared.pop((seq, peer), None)
             pending = self._pending.get(seq)
             if pending is None:
                 continue

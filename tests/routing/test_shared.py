@@ -24,9 +24,9 @@ def _members(cluster, group: str, flt: str) -> list[Client]:
     return members
 
 
-def _wait_shared_interest(cluster, group: str, flt: str) -> None:
+def _wait_shared_interest(cluster, group: str, flt: str, members_on=("n1", "n2", "n3")) -> None:
     def ready() -> bool:
-        for node in cluster.ports:
+        for node in members_on:
             keys = {(g, f) for g, f, _ in cluster.state(node).get("interest", [])}
             if (group, flt) not in keys:
                 return False
@@ -67,4 +67,37 @@ def test_each_message_reaches_one_member(cluster_factory, plain_subscriber):
         assert len(plain.wait_count(COUNT, timeout=30)) == COUNT
         plain.close()
     for c in members + [pub]:
+        c.close()
+
+
+def test_members_leaving_lose_nothing_and_stop_receiving(cluster_factory):
+    """Members on n2 leave mid-stream: what is in flight to n2 moves to the remaining member on
+    n3 (n2 rejects, the origin re-routes), nothing is lost or doubled, and the leavers get
+    nothing after they left."""
+    cluster = cluster_factory(3)
+    leavers = [Client(cluster.ports["n2"], f"leaver-{k}") for k in range(2)]
+    stayer = Client(cluster.ports["n3"], "stayer")
+    for c in [*leavers, stayer]:
+        assert c.wait_connected()
+        c.subscribe("$share/w/work/#", 1)
+    _wait_shared_interest(cluster, "w", "work/#", members_on=("n2", "n3"))
+    pub = Client(cluster.ports["n1"], "work-pub")
+    assert pub.wait_connected()
+    total = 3000
+    for i in range(total):
+        pub.publish(f"work/{i % 5}", str(i).encode(), qos=1, wait=False)
+        if i == total // 3:
+            for c in leavers:
+                c.unsubscribe("$share/w/work/#")
+            left_at = [len(c.messages) for c in leavers]
+    everyone = [*leavers, stayer]
+    wait_for(lambda: sum(len(c.messages) for c in everyone) >= total, 60, "all deliveries")
+    time.sleep(1.5)
+    counts = collections.Counter(int(m.payload) for c in everyone for m in c.messages)
+    assert len(counts) == total, f"lost {total - len(counts)}"
+    assert max(counts.values()) == 1, "a message was delivered twice"
+    late = [len(c.messages) - n for c, n in zip(leavers, left_at, strict=True)]
+    assert sum(late) < 50, f"leavers kept receiving after they left: {late}"
+    assert len(stayer.messages) > total // 2
+    for c in [*everyone, pub]:
         c.close()

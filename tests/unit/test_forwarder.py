@@ -91,3 +91,25 @@ def test_peer_removed_releases_waiting_acks_and_seqs_increase():
     assert fwd.waiting_for("n3") == [1, 2]
     fwd.on_settled("n2", [1, 2])
     assert fwd.on_peer_removed("n3") == [AckLocal(1, 1), AckLocal(2, 1)]
+
+
+def test_rejected_shared_delivery_moves_to_another_holder_then_local():
+    from sidecar.routing.forwarder import LOCAL, DeliverLocalShared
+
+    fwd, sids = _setup(n2=["$share/g/job/#"], n3=["$share/g/job/#"])
+    sid = sids["$share/g/job/#"]
+    actions = fwd.on_copy(LocalCopy(7, "job/1", b"x", 1, False, subscription_ids=(sid,)), 1)
+    (first,) = [a for a in actions if isinstance(a, QueueEnvelope)]
+    other = {"n2": "n3", "n3": "n2"}[first.peer]
+    moved = fwd.on_rejected(first.peer, first.envelope.origin_seq)
+    assert moved == [QueueEnvelope(other, first.envelope)]
+    assert fwd.on_settled(first.peer, [1]) == [], "the first peer no longer counts"
+    local = fwd.on_rejected(other, 1)
+    assert local == [DeliverLocalShared(first.envelope)]
+    assert fwd.on_settled(LOCAL, [1]) == [AckLocal(7, 1)]
+
+
+def test_rejected_plain_delivery_just_settles():
+    fwd, sids = _setup(n2=["t"])
+    fwd.on_copy(LocalCopy(3, "t", b"", 1, False, subscription_ids=(sids["t"],)), 1)
+    assert fwd.on_rejected("n2", 1) == [AckLocal(3, 1)]
