@@ -208,6 +208,10 @@ class ClusterRouting:
     # ---- origin side -----------------------------------------------------------------------
     def _on_fwd_connected(self, session_present: bool) -> None:
         if not session_present:
+            dropped = self.forwarder.forget_local_acks()
+            if dropped:
+                log.warning("local session lost; pending local acks dropped",
+                            extra={"count": dropped})
             for sub in self.remote.subscriptions():
                 self.fwd.subscribe(sub.filter, sub.subscription_id, sub.no_local)
 

@@ -186,12 +186,22 @@ class Forwarder:
             pending.waiting.discard(peer)
             if not pending.waiting:
                 del self._pending[seq]
-                out.append(AckLocal(pending.mid, pending.qos))
+                if pending.mid >= 0:
+                    out.append(AckLocal(pending.mid, pending.qos))
         return out
 
     def on_peer_removed(self, peer: str) -> list[AckLocal]:
         """`peer` left the cluster: nothing waits for it any more."""
         return self.on_settled(peer, [s for s, p in self._pending.items() if peer in p.waiting])
+
+    def forget_local_acks(self) -> int:
+        """The local session was lost (Mosquitto restarted): pending acks name packet ids of a
+        connection that no longer exists and must never be sent on the new one. Peers still
+        settle the seqs; nothing is acked locally for them. Returns how many were dropped."""
+        dropped = len(self._pending)
+        for pending in self._pending.values():
+            pending.mid = -1
+        return dropped
 
     def waiting_for(self, peer: str) -> list[int]:
         """Seqs whose local ack still waits for `peer`, oldest first."""

@@ -113,3 +113,11 @@ def test_rejected_plain_delivery_just_settles():
     fwd, sids = _setup(n2=["t"])
     fwd.on_copy(LocalCopy(3, "t", b"", 1, False, subscription_ids=(sids["t"],)), 1)
     assert fwd.on_rejected("n2", 1) == [AckLocal(3, 1)]
+
+
+def test_lost_local_session_never_acks_stale_packet_ids():
+    fwd, sids = _setup(n2=["t"])
+    fwd.on_copy(LocalCopy(41, "t", b"", 1, False, subscription_ids=(sids["t"],)), 1)
+    assert fwd.forget_local_acks() == 1
+    assert fwd.on_settled("n2", [1]) == []
+    assert fwd.pending == 0
