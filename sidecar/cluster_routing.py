@@ -51,7 +51,7 @@ ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
 BATCH_MESSAGES = 500
 BATCH_BYTES = 1 << 20
 PERSIST_AFTER = 0.05  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
-BACKLOG = 2000  # queued messages above which a peer's queue drains at DRAIN_RATE
+BACKLOG = 2000  # queued messages at reconnect above which a peer's backlog drains at DRAIN_RATE
 DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
 # per-subscriber queues (max_queued_messages), which drop messages silently
 
@@ -81,7 +81,7 @@ class ClusterRouting:
         self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
-        self._drain_budget: dict[str, tuple[float, float]] = {}  # peer -> (tokens, at)
+        self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
         self._tasks: list[asyncio.Task] = []
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
                          "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
@@ -159,6 +159,8 @@ class ClusterRouting:
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
+            if queue.count() > BACKLOG:  # a backlog from the outage: drain it paced
+                self._drain_budget[peer] = (float(BATCH_MESSAGES), time.monotonic())
             self._schedule_flush()
 
     def on_outbound_down(self, peer: str, reason: str) -> None:
@@ -335,11 +337,11 @@ class ClusterRouting:
 
     def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
         """How many queued messages may go to `peer` now: unlimited for live traffic, paced
-        at DRAIN_RATE while a backlog (after an outage) drains."""
-        if queue.count() <= BACKLOG:
+        at DRAIN_RATE while the backlog found at reconnect drains."""
+        if peer not in self._drain_budget or queue.count() <= BACKLOG // 2:
             self._drain_budget.pop(peer, None)
             return float("inf")
-        tokens, at = self._drain_budget.get(peer, (BATCH_MESSAGES, now))
+        tokens, at = self._drain_budget[peer]
         tokens = min(tokens + (now - at) * DRAIN_RATE, DRAIN_RATE / 4)
         self._drain_budget[peer] = (tokens, now)
         return tokens
