@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sidecar import cluster_commands, node_command
+from sidecar import bench_command, cluster_commands, node_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     node_command.add_command(sub)
     cluster_commands.add_commands(sub)
+    bench_command.add_command(sub)
     return parser
 
 

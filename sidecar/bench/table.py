@@ -1,0 +1,59 @@
+"""The human-readable report of a benchmark run (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = (("sent", 7, "d"), ("unique", 7, "d"), ("lost", 6, "d"), ("duplicates", 5, "d"),
+           ("out_of_order", 5, "d"), ("throughput", 9, ".0f"), ("p50_ms", 8, ".3f"),
+           ("p99_ms", 8, ".3f"), ("max_ms", 8, ".3f"))
+HEADS = ("sent", "recv", "lost", "dup", "ooo", "msgs/s", "p50 ms", "p99 ms", "max ms")
+
+
+def describe(options: dict[str, Any]) -> str:
+    amount = (f"{options['messages']} messages" if options.get("messages")
+              else f"{options['seconds']:g} s")
+    rate = f"{options['rate']:g} msgs/s" if options["rate"] else "flat out"
+    return (f"{amount}, {rate}, QoS {options['qos']}, {options['size']} B payload, "
+            f"{options['publishers']} publisher(s), window {options['window']}")
+
+
+def render(report: dict[str, Any]) -> str:
+    """Figures per case, the comparisons, CPU use per process and any log warnings."""
+    lines = [f"mqfed bench: {describe(report['options'])}", ""]
+    head = f"{'case':<34}" + "".join(f"{h:>{w + 1}}" for h, (_, w, _) in zip(HEADS, COLUMNS,
+                                                                              strict=True))
+    lines.append(head)
+    for case in report["cases"]:
+        row = f"{case['case']}  {case['title']:<31}"
+        row += "".join(f" {case[k]:>{w}{fmt}}" for k, w, fmt in COLUMNS)
+        lines.append(row)
+    qos = report["options"]["qos"]
+    for case in report["cases"]:
+        if (case["lost"] and qos) or case["duplicates"] or case["out_of_order"]:
+            lines.append(f"!  case {case['case']}: {case['lost']} lost at QoS {qos}, "
+                         f"{case['duplicates']} duplicates, {case['out_of_order']} out of order "
+                         "(see the log lines below)")
+    if "ratio_b_a" in report:
+        lines += ["", f"b/a throughput: {report['ratio_b_a']}"
+                  + (f"   b/c: {report['ratio_b_c']}" if "ratio_b_c" in report else ""),
+                  f"cross-node hop (b - a): p50 {report['hop_p50_ms']:+.3f} ms, "
+                  f"p99 {report['hop_p99_ms']:+.3f} ms"]
+    lines += ["", "CPU during each case (% of one core; 'others' = the rest of the machine):"]
+    for case in report["cases"]:
+        cpu = dict(case["cpu_percent"])
+        machine = cpu.pop("machine", None)
+        text = ", ".join(f"{name} {pct:g}" for name, pct in cpu.items())
+        if machine is not None:
+            text += f", others {max(0.0, machine - sum(cpu.values())):.1f}"
+        lines.append(f"  {case['case']}: {text}")
+    for case in report["cases"]:
+        if "routing" in case:
+            for node, counters in case["routing"].items():
+                text = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+                lines.append(f"  {case['case']}: {node} routing: {text or 'nothing'}")
+        for err in case["publisher_errors"]:
+            lines.append(f"  {case['case']}: publisher error: {err}")
+        for warning in case["log_warnings"]:
+            lines.append(f"  {case['case']}: log: {warning}")
+    return "\n".join(lines)

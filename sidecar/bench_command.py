@@ -1,0 +1,111 @@
+"""`mqfed bench`: throughput and latency of one cluster hop, against a plain Mosquitto bridge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from sidecar.bench import payload
+from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
+from sidecar.bench.table import render
+
+DEFAULT_BASE_PORT = 22883
+DEFAULT_RUN_DIR = Path("run/bench")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected more than 0, got {text}")
+    return value
+
+
+def _cases(text: str) -> str:
+    if not text or set(text) - set("abc") or len(set(text)) != len(text):
+        raise argparse.ArgumentTypeError(f"expected some of a, b, c (e.g. abc), got {text!r}")
+    return "".join(sorted(text))
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    """Register `mqfed bench` on the `mqfed` parser."""
+    p = sub.add_parser(
+        "bench", help="measure throughput and latency of a cross-node hop",
+        description="Start a 2-node mqfed cluster (`mqfed up`) and two stock Mosquittos joined "
+        "by a plain bridge, then measure, with paho publishers and one subscriber: (a) "
+        "publisher and subscriber on node n1, (b) publisher on n1 and subscriber on n2, (c) "
+        "publisher on bridge broker A and subscriber on B. Prints throughput at the "
+        "subscriber, p50/p99/max latency, loss, duplicates, reordering, CPU per process and "
+        "the ratio b/a; stops everything it started. Ports for base port P: the cluster uses "
+        f"P..P+401 (see `mqfed up -h`), the bridge brokers P+{BRIDGE_OFFSET} and "
+        f"P+{BRIDGE_OFFSET + 1}; all on 127.0.0.1.")
+    p.add_argument("--rate", type=_non_negative, default=0.0,
+                   help="messages per second over all publishers; 0 = flat out (default)")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--messages", type=_positive_int,
+                        help="messages per case over all publishers (default: 20000)")
+    amount.add_argument("--seconds", type=_positive, help="publish for this long per case")
+    p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1, help="QoS (default: 1)")
+    p.add_argument("--size", type=int, default=100,
+                   help=f"payload bytes, at least {payload.MIN_SIZE} (default: 100)")
+    p.add_argument("--publishers", type=_positive_int, default=1,
+                   help="publisher processes, sharing rate and messages (default: 1)")
+    p.add_argument("--window", type=_positive_int, default=100,
+                   help="most outstanding publishes per publisher; at QoS >= 1 at most the "
+                   "broker's Receive Maximum (Mosquitto: 20) (default: 100)")
+    p.add_argument("--cases", type=_cases, default="abc", help="which cases (default: abc)")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help=f"folder for the cluster and bridge files (default: ./{DEFAULT_RUN_DIR})")
+    p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                   help=f"first port used (default: {DEFAULT_BASE_PORT})")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_bench)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.size < payload.MIN_SIZE:
+        print(f"mqfed bench: error: --size must be at least {payload.MIN_SIZE}", file=sys.stderr)
+        return 2
+    opts = BenchOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
+                        rate=args.rate, messages=None if args.seconds else args.messages or 20000,
+                        seconds=args.seconds, qos=args.qos, size=args.size,
+                        publishers=args.publishers, window=args.window, cases=args.cases)
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)  # stop what was started, as for Ctrl-C
+    try:
+        report = run(opts, say)
+    except KeyboardInterrupt:
+        say("mqfed bench: interrupted; everything it started is stopped")
+        return 130
+    except Exception as exc:
+        say(f"mqfed bench: error: {exc}")
+        return 1
+    if args.json:
+        print(json.dumps(report), flush=True)
+    else:
+        print(render(report), flush=True)
+    return 0
