@@ -13,7 +13,7 @@ stalls the others.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import HybridClock
 from sidecar.local.events import MessageProperties
@@ -98,9 +98,13 @@ ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | Unroutable | DeliverLo
 
 @dataclass
 class _Pending:
+    """One local copy whose ack waits for (peer, seq) settlements; a re-routed shared delivery
+    adds a seq to the same copy."""
+
     mid: int
     qos: int
-    waiting: set[str] = field(default_factory=set)
+    waiting: set[tuple[str, int]] = field(default_factory=set)
+    seqs: list[int] = field(default_factory=list)
 
 
 class Forwarder:
@@ -123,7 +127,7 @@ class Forwarder:
     @property
     def pending(self) -> int:
         """QoS >= 1 messages whose local ack waits for at least one peer."""
-        return len(self._pending)
+        return len({id(p) for p in self._pending.values()})
 
     def on_copy(self, copy: LocalCopy, wall_ms: int,
                 down: Collection[str] = ()) -> list[ForwardAction]:
@@ -148,7 +152,8 @@ class Forwarder:
         if copy.qos == 0:
             actions.append(AckLocal(copy.mid, 0))
         else:
-            self._pending[seq] = _Pending(copy.mid, copy.qos, {peer for peer, _, _ in targets})
+            self._pending[seq] = _Pending(copy.mid, copy.qos,
+                                          {(peer, seq) for peer, _, _ in targets}, [seq])
             for action in actions:
                 if isinstance(action, QueueEnvelope) and action.envelope.shared_group is not None:
                     self._shared[(seq, action.peer)] = (action.envelope, {action.peer})
@@ -156,24 +161,28 @@ class Forwarder:
 
     def on_rejected(self, peer: str, seq: int) -> list[ForwardAction]:
         """`peer` will not deliver `seq` (for a shared delivery: it has no member left). A
-        shared delivery moves to another peer holding the group, else to a local member; so a
-        member leaving never loses a message. Anything else just settles."""
+        shared delivery moves to another peer holding the group (under a new seq, since each
+        peer's queue takes increasing seqs), else to a local member; so a member leaving never
+        loses a message. Anything else just settles."""
         entry = self._shared.pop((seq, peer), None)
         pending = self._pending.get(seq)
         if entry is None or pending is None:
             return list(self.on_settled(peer, [seq]))
         env, tried = entry
+        pending.waiting.discard((peer, seq))
         group = env.shared_group or ""
         others = sorted(self.interest.shared_peers(group, env.shared_filter) - tried)
-        pending.waiting.discard(peer)
-        if others:
-            target = others[0]
-            tried.add(target)
-            pending.waiting.add(target)
-            self._shared[(seq, target)] = (env, tried)
-            return [QueueEnvelope(target, env)]
-        pending.waiting.add(LOCAL)
-        return [DeliverLocalShared(env)]
+        if not others:
+            pending.waiting.add((LOCAL, seq))
+            return [DeliverLocalShared(env)]
+        target = others[0]
+        self._seq += 1
+        moved = replace(env, origin_seq=self._seq)
+        pending.seqs.append(self._seq)
+        pending.waiting.add((target, self._seq))
+        self._pending[self._seq] = pending
+        self._shared[(self._seq, target)] = (moved, tried | {target})
+        return [QueueEnvelope(target, moved)]
 
     def on_settled(self, peer: str, seqs: Iterable[int]) -> list[AckLocal]:
         """`peer` acked, durably queued or refused these seqs; return the local acks now due."""
@@ -183,26 +192,27 @@ class Forwarder:
             pending = self._pending.get(seq)
             if pending is None:
                 continue
-            pending.waiting.discard(peer)
+            pending.waiting.discard((peer, seq))
             if not pending.waiting:
-                del self._pending[seq]
+                for done in pending.seqs:
+                    self._pending.pop(done, None)
                 if pending.mid >= 0:
                     out.append(AckLocal(pending.mid, pending.qos))
         return out
 
     def on_peer_removed(self, peer: str) -> list[AckLocal]:
         """`peer` left the cluster: nothing waits for it any more."""
-        return self.on_settled(peer, [s for s, p in self._pending.items() if peer in p.waiting])
+        return self.on_settled(peer, self.waiting_for(peer))
 
     def forget_local_acks(self) -> int:
         """The local session was lost (Mosquitto restarted): pending acks name packet ids of a
         connection that no longer exists and must never be sent on the new one. Peers still
         settle the seqs; nothing is acked locally for them. Returns how many were dropped."""
-        dropped = len(self._pending)
+        dropped = self.pending
         for pending in self._pending.values():
             pending.mid = -1
         return dropped
 
     def waiting_for(self, peer: str) -> list[int]:
         """Seqs whose local ack still waits for `peer`, oldest first."""
-        return [seq for seq, p in self._pending.items() if peer in p.waiting]
+        return [seq for seq, p in self._pending.items() if (peer, seq) in p.waiting]

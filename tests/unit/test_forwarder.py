@@ -96,17 +96,39 @@ def test_peer_removed_releases_waiting_acks_and_seqs_increase():
 def test_rejected_shared_delivery_moves_to_another_holder_then_local():
     from sidecar.routing.forwarder import LOCAL, DeliverLocalShared
 
-    fwd, sids = _setup(n2=["$share/g/job/#"], n3=["$share/g/job/#"])
-    sid = sids["$share/g/job/#"]
-    actions = fwd.on_copy(LocalCopy(7, "job/1", b"x", 1, False, subscription_ids=(sid,)), 1)
+    fwd, sids = _setup(n2=["$share/g/job/#", "job/#"], n3=["$share/g/job/#"])
+    shared = sids["$share/g/job/#"]
+    actions = fwd.on_copy(LocalCopy(7, "job/1", b"x", 1, False, subscription_ids=(shared,)), 1)
     (first,) = [a for a in actions if isinstance(a, QueueEnvelope)]
     other = {"n2": "n3", "n3": "n2"}[first.peer]
-    moved = fwd.on_rejected(first.peer, first.envelope.origin_seq)
-    assert moved == [QueueEnvelope(other, first.envelope)]
+    plain = fwd.on_copy(LocalCopy(8, "job/1", b"y", 1, False, subscription_ids=(sids["job/#"],)),
+                        1)
+    assert [a.peer for a in plain if isinstance(a, QueueEnvelope)] == ["n2"]
+    (moved,) = fwd.on_rejected(first.peer, 1)
+    assert isinstance(moved, QueueEnvelope) and moved.peer == other
+    assert moved.envelope.origin_seq == 3, "a new seq: each peer's queue takes increasing seqs"
+    assert moved.envelope.payload == b"x" and moved.envelope.shared_group == "g"
     assert fwd.on_settled(first.peer, [1]) == [], "the first peer no longer counts"
-    local = fwd.on_rejected(other, 1)
-    assert local == [DeliverLocalShared(first.envelope)]
-    assert fwd.on_settled(LOCAL, [1]) == [AckLocal(7, 1)]
+    assert fwd.on_settled("n2", [2]) == [AckLocal(8, 1)]  # the plain copy is independent
+    local = fwd.on_rejected(other, 3)
+    assert local == [DeliverLocalShared(moved.envelope)]
+    assert fwd.on_settled(LOCAL, [3]) == [AckLocal(7, 1)]
+    assert fwd.pending == 0
+
+
+def test_same_peer_owing_two_seqs_of_one_copy():
+    """A copy sent plain to n3 (seq 1) and re-routed as a shared delivery to n3 (seq 2): the
+    local ack waits for both."""
+    fwd, sids = _setup(n2=["$share/g/t"], n3=["$share/g/t", "t"])
+    acts = fwd.on_copy(LocalCopy(5, "t", b"", 1, False,
+                                 subscription_ids=(sids["t"], sids["$share/g/t"])), 1)
+    queued = sorted((a.peer, a.envelope.shared_group) for a in acts
+                    if isinstance(a, QueueEnvelope))
+    assert queued == [("n2", "g"), ("n3", None)]  # the group's first pick (seed 0) is n2
+    (moved,) = fwd.on_rejected("n2", 1)
+    assert moved.peer == "n3" and moved.envelope.origin_seq == 2
+    assert fwd.on_settled("n3", [1]) == []
+    assert fwd.on_settled("n3", [2]) == [AckLocal(5, 1)]
 
 
 def test_rejected_plain_delivery_just_settles():
