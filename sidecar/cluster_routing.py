@@ -252,9 +252,9 @@ class ClusterRouting:
             self.counters["queue_refused"] += 1
             log.warning("outbound queue refused a message", extra={"peer": peer,
                                                                    "reason": reason})
-            self._ack_local(self.forwarder.on_settled(peer, [env.origin_seq]))
-        elif not queue.connected:
-            self._ack_local(self.forwarder.on_settled(peer, [env.origin_seq]))
+            self._run_forward(self.forwarder.on_rejected(peer, env.origin_seq))
+        elif not queue.connected:  # went straight to the store: durable
+            self._ack_local(self.forwarder.on_settled(peer, [env.origin_seq], acked=False))
         else:
             self._offered_at[peer][env.origin_seq] = now
 
@@ -291,7 +291,7 @@ class ClusterRouting:
         durable = [seq for seq in offered if queue.durable(seq)]
         for seq in durable:
             del offered[seq]
-        self._ack_local(self.forwarder.on_settled(peer, durable))
+        self._ack_local(self.forwarder.on_settled(peer, durable, acked=False))
 
     async def _persist_loop(self) -> None:
         """Spill what peers have not acked quickly, so a slow peer never holds local acks."""

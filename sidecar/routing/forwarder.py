@@ -163,32 +163,39 @@ class Forwarder:
         """`peer` will not deliver `seq` (for a shared delivery: it has no member left). A
         shared delivery moves to another peer holding the group (under a new seq, since each
         peer's queue takes increasing seqs), else to a local member; so a member leaving never
-        loses a message. Anything else just settles."""
+        loses a message, also when the copy was already acked locally (settled as durable while
+        the peer was away). Anything else just settles."""
         entry = self._shared.pop((seq, peer), None)
         pending = self._pending.get(seq)
-        if entry is None or pending is None:
+        if entry is None:
             return list(self.on_settled(peer, [seq]))
         env, tried = entry
-        pending.waiting.discard((peer, seq))
+        if pending is not None:
+            pending.waiting.discard((peer, seq))
         group = env.shared_group or ""
         others = sorted(self.interest.shared_peers(group, env.shared_filter) - tried)
         if not others:
-            pending.waiting.add((LOCAL, seq))
+            if pending is not None:
+                pending.waiting.add((LOCAL, seq))
             return [DeliverLocalShared(env)]
         target = others[0]
         self._seq += 1
         moved = replace(env, origin_seq=self._seq)
-        pending.seqs.append(self._seq)
-        pending.waiting.add((target, self._seq))
-        self._pending[self._seq] = pending
+        if pending is not None:
+            pending.seqs.append(self._seq)
+            pending.waiting.add((target, self._seq))
+            self._pending[self._seq] = pending
         self._shared[(self._seq, target)] = (moved, tried | {target})
         return [QueueEnvelope(target, moved)]
 
-    def on_settled(self, peer: str, seqs: Iterable[int]) -> list[AckLocal]:
-        """`peer` acked, durably queued or refused these seqs; return the local acks now due."""
+    def on_settled(self, peer: str, seqs: Iterable[int], acked: bool = True) -> list[AckLocal]:
+        """`peer` acked these seqs, or (`acked=False`) they sit durably in its queue or were
+        dropped; return the local acks now due. A shared delivery stays re-routable until the
+        peer really acked it."""
         out: list[AckLocal] = []
         for seq in seqs:
-            self._shared.pop((seq, peer), None)
+            if acked:
+                self._shared.pop((seq, peer), None)
             pending = self._pending.get(seq)
             if pending is None:
                 continue
@@ -202,6 +209,8 @@ class Forwarder:
 
     def on_peer_removed(self, peer: str) -> list[AckLocal]:
         """`peer` left the cluster: nothing waits for it any more."""
+        for key in [k for k in self._shared if k[1] == peer]:
+            del self._shared[key]
         return self.on_settled(peer, self.waiting_for(peer))
 
     def forget_local_acks(self) -> int:

@@ -143,3 +143,17 @@ def test_lost_local_session_never_acks_stale_packet_ids():
     assert fwd.forget_local_acks() == 1
     assert fwd.on_settled("n2", [1]) == []
     assert fwd.pending == 0
+
+
+def test_shared_delivery_settled_as_durable_is_still_rerouted_when_rejected():
+    fwd, sids = _setup(n2=["$share/g/job"], n3=["$share/g/job"])
+    acts = fwd.on_copy(LocalCopy(9, "job", b"z", 1, False,
+                                 subscription_ids=(sids["$share/g/job"],)), 1)
+    (first,) = [a for a in acts if isinstance(a, QueueEnvelope)]
+    # the peer is away: the message sits durably in its queue, the local ack goes out
+    assert fwd.on_settled(first.peer, [1], acked=False) == [AckLocal(9, 1)]
+    # it comes back with no member left: the delivery moves on instead of being lost
+    (moved,) = fwd.on_rejected(first.peer, 1)
+    assert isinstance(moved, QueueEnvelope) and moved.peer != first.peer
+    assert moved.envelope.payload == b"z"
+    assert fwd.on_settled(moved.peer, [moved.envelope.origin_seq]) == []
