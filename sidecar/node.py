@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ from sidecar.local.stream import (
     RequestSnapshot,
     SendAck,
 )
+from sidecar.membership.etcd import EtcdMembership
+from sidecar.membership.view import NodeRecord
 from sidecar.peering.handshake import Hello
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
@@ -50,6 +53,13 @@ PLUGIN_CANDIDATES = (
 
 
 STATUS_DETAIL_LIMIT = 1000
+CRASHED_PEER_RETENTION = 600.0
+"""Seconds a peer whose etcd key expired (a crash, not a graceful leave) stays in routing:
+its interest is kept and its messages queue (bounded, spilled to disk) until it comes back."""
+try:
+    VERSION = importlib.metadata.version("mqfed")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    VERSION = "0.0.0+source"
 
 
 class NodeError(RuntimeError):
@@ -132,17 +142,18 @@ class NodeLayout:
                 f.write(secrets.token_hex(24))
         return self.secret_path.read_text().strip()
 
-    def next_incarnation(self) -> int:
-        """A number that grows with every start of this node's sidecar (peers use it to tell a
-        restarted sidecar from a stale one)."""
+    def next_incarnation(self) -> tuple[int, int | None]:
+        """(a number that grows with every start of this node's sidecar, the previous one).
+        Peers use it to tell a restarted sidecar from a stale one; etcd registration uses the
+        previous one to replace this node's own key after a crash."""
         path = self.run_dir / "incarnation"
         try:
-            previous = int(path.read_text())
+            previous: int | None = int(path.read_text())
         except (OSError, ValueError):
-            previous = 0
-        value = max(previous + 1, int(time.time() * 1000))
+            previous = None
+        value = max((previous or 0) + 1, int(time.time() * 1000))
         path.write_text(f"{value}\n")
-        return value
+        return value, previous
 
     def remove_fallback_socket_dir(self) -> None:
         """Remove the /tmp socket folder (if used) after Mosquitto stopped."""
@@ -174,6 +185,10 @@ class Node:
         self.broker: MosquittoProcess | None = None
         self.link: LocalLink | None = None
         self.routing: ClusterRouting | None = None
+        self.membership: EtcdMembership | None = None
+        self._peers: dict[str, str] = {}
+        self._view_peers: dict[str, str] = {}
+        self._crashed: dict[str, tuple[str, float]] = {}  # peer -> grpc address, since
         self.ready = False
         self.started_at = time.time()
         self.interest_changes = 0
@@ -263,6 +278,7 @@ class Node:
             "grpc": cfg["grpc"]["listen"],
             "admin": cfg["admin"]["listen"],
             "metrics": cfg["admin"]["metrics"],
+            "peers": self._peers,
             "socket": str(self.layout.socket_path),
             "stream": self.stream.stats(),
             "broker_restarts": self.broker.restarts if self.broker else 0,
@@ -295,6 +311,8 @@ class Node:
             await asyncio.sleep(0.05)
             now = time.monotonic()
             self._run_actions(self.stream.on_tick(now))
+            if self._crashed:
+                self._apply_peers()
             if self.stream.in_sync and not self.ready:
                 self.ready = True
                 self._state_dirty = True
@@ -310,6 +328,52 @@ class Node:
     def stop(self) -> None:
         self._stop.set()
 
+    def _on_peers(self, peers: dict[str, str]) -> None:
+        """The membership view changed (etcd watch): dial joiners, drop leavers."""
+        self._view_peers = dict(peers)
+        self._apply_peers()
+
+    def _on_membership_events(self, changes) -> None:
+        """A crashed peer (key expired, no graceful leave) stays routed for a while. Only
+        remembered here: the view change that always follows (`_on_peers`) applies it."""
+        now = time.monotonic()
+        for change in changes:
+            if change.kind == "crashed":
+                self._crashed[change.node_id] = (change.record.grpc, now)
+                log.warning("peer crashed; keeping its interest and queue",
+                            extra={"peer": change.node_id,
+                                   "retention_s": CRASHED_PEER_RETENTION})
+            elif change.kind == "left":  # graceful: drop it now
+                self._crashed.pop(change.node_id, None)
+
+    def _apply_peers(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for peer in [p for p in self._crashed if p in self._view_peers]:
+            del self._crashed[peer]  # it is back (a join reaches the view after its event)
+        for peer in [p for p, (_, since) in self._crashed.items()
+                     if now - since > CRASHED_PEER_RETENTION]:
+            log.warning("crashed peer did not return; dropping it", extra={"peer": peer})
+            del self._crashed[peer]
+        peers = {p: addr for p, (addr, _) in self._crashed.items()}
+        peers.update(self._view_peers)
+        if peers != self._peers:
+            self._peers = peers
+            if self.routing is not None:
+                self.routing.set_peers(peers)
+            self._state_dirty = True
+
+    async def _join(self, incarnation: int, previous: int | None) -> None:
+        """Register in etcd (refused if another live node has our id) and watch the others."""
+        cfg = self.config
+        record = NodeRecord(cfg.node_id, cfg["grpc"]["listen"], cfg["mqtt"]["listen"],
+                            VERSION, incarnation, time.time())
+        self.membership = EtcdMembership(cfg["membership"]["etcd"], cfg.cluster, record,
+                                         cfg["membership"]["lease_ttl"],
+                                         on_change=self._on_peers,
+                                         on_events=self._on_membership_events,
+                                         supersedes=previous)
+        await self.membership.start()
+
     def _static_peers(self) -> dict[str, str]:
         peers: dict[str, str] = {}
         if self.config["membership"]["mode"] == "static":
@@ -318,9 +382,9 @@ class Node:
                 peers[node] = address
         return peers
 
-    def _build_routing(self, secret: str) -> ClusterRouting:
+    def _build_routing(self, secret: str, incarnation: int) -> ClusterRouting:
         cfg = self.config
-        hello = Hello(cfg.cluster, cfg.node_id, self.layout.next_incarnation(),
+        hello = Hello(cfg.cluster, cfg.node_id, incarnation,
                       grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"])
         socket_path = self.layout.socket_path
 
@@ -341,6 +405,20 @@ class Node:
         """Start everything, serve until `stop()`, then shut down. Returns an exit code."""
         secret = self.layout.prepare()
         cfg = self.config
+        incarnation, previous = self.layout.next_incarnation()
+        if cfg["membership"]["mode"] == "etcd":
+            # before Mosquitto: a duplicate id starts nothing
+            await self._join(incarnation, previous)
+        else:
+            self._peers = self._static_peers()
+        try:
+            return await self._serve(secret, incarnation)
+        finally:
+            if self.membership is not None:
+                await self.membership.stop()
+
+    async def _serve(self, secret: str, incarnation: int) -> int:
+        cfg = self.config
         if cfg["mqtt"]["manage"]:
             self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
             self.layout.conf_path.chmod(0o600)
@@ -356,8 +434,8 @@ class Node:
         await self.link.connect(cfg["mqtt"]["link_timeout"])
         # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
         snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
-        self.routing = self._build_routing(secret)
-        await self.routing.start(self._static_peers())
+        self.routing = self._build_routing(secret, incarnation)
+        await self.routing.start(self._peers)
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))
         background = [asyncio.create_task(self._ticker())]
@@ -367,6 +445,9 @@ class Node:
         try:
             await self._stop.wait()
         finally:
+            if self.membership is not None:  # leave first: peers drop us at once
+                await self.membership.stop()
+                self.membership = None
             for task in background + list(self._tasks):
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)

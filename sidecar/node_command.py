@@ -11,6 +11,7 @@ from sidecar.broker.process import BrokerStartError
 from sidecar.config import ConfigError, load_config
 from sidecar.local.link import LinkError
 from sidecar.logs import setup_logging
+from sidecar.membership.etcd import MembershipError
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
             layout.prepare_socket_dir()  # Mosquitto, started by you, binds the socket there
             return 0
         return asyncio.run(run_node(config))
-    except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError) as exc:
+    except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError,
+            MembershipError) as exc:
         print(f"mqfed node: {exc}", file=sys.stderr)
         return 2

@@ -29,11 +29,7 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
         "mqtt": {"listen": f"{HOST}:{ports.mqtt}"},
         "grpc": {"listen": f"{HOST}:{ports.grpc}"},
         "admin": {"listen": f"{HOST}:{ports.admin}", "metrics": f"{HOST}:{ports.metrics}"},
-        # static peers until the etcd membership adapter lands (issue 4): a node added later
-        # knows the others, but the others learn of it only through etcd
-        "membership": {"mode": "static", "etcd": [f"{HOST}:{lay.etcd_client_port}"],
-                       "peers": [f"{p.id}@{HOST}:{p.ports.grpc}" for p in state.nodes.values()
-                                 if p.id != node.id]},
+        "membership": {"mode": "etcd", "etcd": [f"{HOST}:{lay.etcd_client_port}"]},
     }
     if state.log_level:
         out["log"] = {"level": state.log_level}

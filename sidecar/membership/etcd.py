@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import time
@@ -96,12 +97,15 @@ class EtcdMembership:
                  on_change: Callable[[dict[str, str]], None] | None = None,
                  on_events: Callable[[list[Change]], None] | None = None,
                  op_timeout: float = 2.0, start_timeout: float = 10.0,
-                 stream_down_after: float = 5.0) -> None:
+                 stream_down_after: float = 5.0, supersedes: int | None = None) -> None:
         if lease_ttl < 1:
             raise MembershipError("lease_ttl must be at least 1 second")
         self.endpoints = list(endpoints)
         self.cluster = cluster
         self.record = record
+        # the incarnation this node ran with before (from its own run dir): its unexpired key
+        # after a crash is ours to replace, not a duplicate
+        self.supersedes = supersedes
         self.lease_ttl = int(lease_ttl)
         self.on_change = on_change
         self.on_events = on_events
@@ -188,7 +192,10 @@ class EtcdMembership:
             held = responses[0][0][0] if responses and responses[0] else b""
             mine = False
             try:
-                mine = NodeRecord.decode(held).incarnation == self.record.incarnation
+                held_incarnation = NodeRecord.decode(held).incarnation
+                mine = held_incarnation == self.record.incarnation or (
+                    starting and self.supersedes is not None
+                    and held_incarnation == self.supersedes)
             except BadRecord:
                 pass
             if not mine:
@@ -217,6 +224,13 @@ class EtcdMembership:
         client = self._require_client()
         tx = client.transactions
         try:
+            leaving = dataclasses.replace(self.record, leaving=True).encode()
+            if self._lease_id is not None:  # announce the leave, so peers drop us at once
+                await client.transaction(compare=[tx.value(self.key) == self.record.encode()],
+                                         success=[tx.put(self.key, leaving, self._lease_id)],
+                                         failure=[])
+            await client.transaction(compare=[tx.value(self.key) == leaving],
+                                     success=[tx.delete(self.key)], failure=[])
             await client.transaction(compare=[tx.value(self.key) == self.record.encode()],
                                      success=[tx.delete(self.key)], failure=[])
             if self._lease_id is not None:

@@ -25,7 +25,7 @@ __all__ = ["BadRecord", "Change", "MembershipView", "NodeRecord"]
 
 log = logging.getLogger("mqfed.membership")
 
-ChangeKind = Literal["joined", "left", "restarted", "updated", "down", "up"]
+ChangeKind = Literal["joined", "left", "restarted", "updated", "down", "up", "crashed"]
 
 
 class BadRecord(ValueError):
@@ -44,6 +44,7 @@ class NodeRecord:
     version: str
     incarnation: int
     started_at: float
+    leaving: bool = False  # set just before a graceful leave deletes the key
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
@@ -61,7 +62,7 @@ class NodeRecord:
         try:
             rec = cls(node_id=obj["node_id"], grpc=obj["grpc"], mqtt=obj["mqtt"],
                       version=obj["version"], incarnation=obj["incarnation"],
-                      started_at=obj["started_at"])
+                      started_at=obj["started_at"], leaving=obj.get("leaving", False) is True)
         except KeyError as exc:
             raise BadRecord(f"node record lacks field {exc.args[0]!r}") from None
         for name in ("node_id", "grpc", "mqtt", "version"):
@@ -125,13 +126,14 @@ class MembershipView:
         return [] if rec is None else self._apply(rec)
 
     def delete(self, key: bytes | str) -> list[Change]:
-        """A key was deleted or its lease expired (watch DELETE)."""
+        """A key was deleted or its lease expired (watch DELETE) without a graceful leave
+        first: `crashed` (the node may come back; keep what it needs meanwhile)."""
         node = self.node_id_of(key)
         old = self._members.pop(node, None) if node is not None else None
         if old is None:
             return []
         self._forget_stream(node)
-        return [Change("left", node, old)]
+        return [Change("crashed", node, old)]
 
     def snapshot(self, items: Iterable[tuple[bytes | str, bytes | str]]) -> list[Change]:
         """The whole prefix, (key, value) pairs (initial get, or after a watch was lost)."""
@@ -143,8 +145,8 @@ class MembershipView:
                 continue
             seen.add(rec.node_id)
             changes += self._apply(rec)
-        for node in [n for n in self._members if n not in seen]:
-            changes.append(Change("left", node, self._members.pop(node)))
+        for node in [n for n in self._members if n not in seen]:  # no leave seen: crashed
+            changes.append(Change("crashed", node, self._members.pop(node)))
             self._forget_stream(node)
         return changes
 
@@ -198,6 +200,12 @@ class MembershipView:
 
     def _apply(self, rec: NodeRecord) -> list[Change]:
         node = rec.node_id
+        if rec.leaving:  # a graceful leave announces itself before deleting its key
+            old = self._members.pop(node, None)
+            if old is None:
+                return []
+            self._forget_stream(node)
+            return [Change("left", node, rec)]
         if rec.incarnation < self._highest.get(node, rec.incarnation):
             log.info("ignoring stale node record", extra={
                 "peer": node, "incarnation": rec.incarnation, "known": self._highest[node]})

@@ -166,7 +166,7 @@ def test_crash_key_expires_after_ttl_and_return_is_a_restart(etcd1: Etcd) -> Non
             assert took + 1.0 >= TTL - 0.5
             await b2.start()
             await eventually(lambda: "b" in a.peers(), 2, "a sees b again")
-            assert events.count(("joined", "b")) == 2 and ("left", "b") in events
+            assert events.count(("joined", "b")) == 2 and ("crashed", "b") in events
         finally:
             for m in (a, b, b2):
                 await m.stop()

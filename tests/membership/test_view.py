@@ -46,7 +46,7 @@ def test_join_leave_and_self_excluded_from_peers() -> None:
     assert v.peers() == {"b": rec("b").grpc}
     assert set(v.members()) == {"a", "b"}
     assert v.put(P + "b", rec("b").encode()) == []  # same record again: nothing
-    assert kinds(v.delete(P + "b")) == [("left", "b")]
+    assert kinds(v.delete(P + "b")) == [("crashed", "b")]
     assert v.delete(P + "b") == []
     assert v.peers() == {}
 
@@ -81,7 +81,7 @@ def test_snapshot_replaces_contents() -> None:
                           (P.encode() + b"c", rec("c", 2).encode()),
                           (P.encode() + b"d", rec("d").encode()),
                           (P.encode() + b"e", b"bad")])
-    assert sorted(kinds(changes)) == [("joined", "d"), ("left", "b"), ("restarted", "c")]
+    assert sorted(kinds(changes)) == [("crashed", "b"), ("joined", "d"), ("restarted", "c")]
     assert set(v.peers()) == {"c", "d"}
 
 
@@ -121,3 +121,15 @@ def test_restart_or_leave_clears_stream_failure() -> None:
     v.delete(P + "b")
     v.put(P + "b", rec("b", 3).encode())
     assert v.up(100.0) == {"b"}
+
+
+def test_graceful_leave_announced_before_the_delete():
+    from sidecar.membership.view import MembershipView, NodeRecord
+
+    v = MembershipView("/c/nodes/", "a")
+    rec = NodeRecord("b", "127.0.0.1:2", "127.0.0.1:3", "1", 5, 1.0)
+    v.put("/c/nodes/b", rec.encode())
+    leaving = NodeRecord("b", "127.0.0.1:2", "127.0.0.1:3", "1", 5, 1.0, leaving=True)
+    assert [(c.kind, c.node_id) for c in v.put("/c/nodes/b", leaving.encode())] == [("left", "b")]
+    assert v.peers() == {}
+    assert v.delete("/c/nodes/b") == []  # the delete that follows is no news

@@ -48,6 +48,7 @@ def node_config(tmp_path: Path, node_id: str = "n1", **sections) -> dict:
         "grpc": {"listen": f"127.0.0.1:{free_port()}"},
         "admin": {"listen": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"},
         "log": {"level": "info"},
+        "membership": {"mode": "static"},  # a single node: no etcd needed
     }
     for section, body in sections.items():
         values.setdefault(section, {}).update(body)

@@ -124,7 +124,7 @@ def test_conflicting_user_setting_is_refused(tmp_path):
     user.write_text("persistence true\n")
     path = tmp_path / "n.toml"
     path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n'
-                    f'[mqtt]\ninclude = "{user}"\n')
+                    f'[mqtt]\ninclude = "{user}"\n[membership]\nmode = "static"\n')
     result = _run_node_cli(path)
     assert result.returncode == 2 and "persistence false" in result.stderr
 
@@ -142,7 +142,8 @@ def test_plugin_not_loaded_fails_loudly(procs, tmp_path):
         wait_for(lambda: layout.socket_path.exists(), 5, "plain mosquitto socket")
         path = tmp_path / "n.toml"
         path.write_text(f'[node]\nid = "n1"\nrun_dir = "{run_dir}"\n'
-                        '[mqtt]\nmanage = false\nlink_timeout = 2.0\n')
+                        '[mqtt]\nmanage = false\nlink_timeout = 2.0\n'
+                        '[membership]\nmode = "static"\n')
         result = _run_node_cli(path)
         assert result.returncode == 2
         assert "mqfed plugin did not answer" in result.stderr
