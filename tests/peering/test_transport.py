@@ -377,8 +377,9 @@ def test_port_already_taken_is_a_clear_error():
 def test_oversized_frames_fail_loudly_and_unknown_bodies_are_ignored():
     async def body():
         async with nodes() as n:
-            a, ra = await n.start("a", max_message_bytes=64 << 10)
-            b, rb = await n.start("b", max_message_bytes=16 << 10)
+            # a long dead_after: under load the heartbeat timeout must not beat gRPC's own error
+            a, ra = await n.start("a", max_message_bytes=64 << 10, dead_after=10.0)
+            b, rb = await n.start("b", max_message_bytes=16 << 10, dead_after=10.0)
             connect(a, b)
             await until(all_connected(a, b), 5, "a <-> b")
             # a newer minor's body (field 100): counted and skipped; the stream stays up
