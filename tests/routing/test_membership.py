@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
 from sidecar.config import render_toml
+from sidecar.procinfo import cmdline, pid_alive
 from tests.cluster.conftest import REPO, mqfed
-from tests.harness.procs import free_port, wait_for
+from tests.harness.procs import ManagedProcess, free_port, wait_for
 from tests.node.mqtt import Client
 
 
@@ -80,3 +83,47 @@ def test_duplicate_node_id_is_refused(cluster_factory, tmp_path):
     assert "node id 'n2' is already registered in cluster 'mqfed'" in result.stderr
     assert not (tmp_path / "imposter" / "mosquitto.pid").exists(), "no Mosquitto was started"
     assert cluster.state("n2").get("ready") is True, "the real n2 is untouched"
+
+
+def test_etcd_down_30s_under_traffic_disconnects_nobody(cluster_factory):
+    """Availability first: with etcd stopped for 30 s, routing continues on the last view, no
+    client is disconnected, and every node re-registers when etcd is back."""
+    cluster = cluster_factory(3)
+    state = json.loads((cluster.run_dir / "cluster.json").read_text())
+    etcd_pid = state["etcd"]["pid"]
+    argv = cmdline(etcd_pid)
+    assert argv and "etcd" in argv[0]
+    sub = Client(cluster.ports["n2"], "etcd-sub")
+    pub = Client(cluster.ports["n1"], "etcd-pub")
+    assert sub.wait_connected() and pub.wait_connected()
+    sub.subscribe("e/#", 1)
+    cluster.wait_interest("n2", "e/#")
+    disconnects: list[int] = []
+    sub.client.on_disconnect = lambda *a: disconnects.append(1)
+    os.kill(etcd_pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(etcd_pid), 5, "etcd stopped")
+    restarted = None
+    try:
+        deadline = time.monotonic() + 30
+        sent = 0
+        while time.monotonic() < deadline:
+            pub.publish("e/x", str(sent).encode(), qos=1, wait=False)
+            sent += 1
+            time.sleep(0.02)
+        got = sub.wait_count(sent, timeout=20)
+        assert len({m.payload for m in got}) == sent, "routing continued without etcd"
+        assert not disconnects, "no client is disconnected because etcd is away"
+        restarted = ManagedProcess("etcd-again", argv, cluster.run_dir / "etcd-again.log")
+        def registered() -> bool:
+            out = subprocess.run(["etcdctl", "--endpoints", cluster.info["etcd"][0], "get",
+                                  "--prefix", "/mqfed/nodes/", "--keys-only"],
+                                 capture_output=True, text=True, env={"ETCDCTL_API": "3"})
+            return sum(1 for line in out.stdout.splitlines() if line.strip()) == 3
+        wait_for(registered, 30, "all three nodes registered again")
+        pub.publish("e/after", b"after", qos=1)
+        assert sub.wait_count(1, topic="e/after")
+    finally:
+        if restarted is not None:
+            restarted.stop()
+        for c in (sub, pub):
+            c.close()
