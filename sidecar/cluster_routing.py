@@ -268,13 +268,13 @@ class ClusterRouting:
             by_inc.setdefault(ack.origin_incarnation, []).append(ack.origin_seq)
             if ack.status == ACK_REJECTED and ack.origin_incarnation == self.incarnation:
                 rejected.append(ack.origin_seq)
+        refused = set(rejected)
         for inc, seqs in by_inc.items():
             queue.on_acked(seqs, inc)
             if inc == self.incarnation:
                 offered = self._offered_at[peer]
                 for seq in seqs:
                     offered.pop(seq, None)
-                refused = set(rejected)
                 self._ack_local(self.forwarder.on_settled(
                     peer, [s for s in seqs if s not in refused]))
         for seq in rejected:
@@ -377,16 +377,16 @@ class ClusterRouting:
         self._acks.setdefault(peer, []).append((inc, seq, status))
 
     def shared_members(self, group: str, filter: str) -> list[str]:
-        """Local clients holding ``$share/<group>/<filter>``, online first."""
+        """Local clients holding ``$share/<group>/<filter>`` to pick from: the online ones,
+        or (none online) the offline persistent ones, whose sessions queue it."""
         verbatim = f"$share/{group}/{filter}"
-        sessions = self.table.sessions()
-        holders = [c for c in sessions if verbatim in self.table.subscriptions(c)]
-        return sorted(holders, key=lambda c: not sessions[c].online)
+        holders = [(c, info.online) for c, info in self.table.sessions().items()
+                   if verbatim in self.table.subscriptions(c)]
+        return [c for c, online in holders if online] or [c for c, _ in holders]
 
     async def _deliver_to_member(self, env: Envelope) -> bool:
         """Deliver to one local member of the envelope's shared group, round robin."""
-        members = self.shared_members(env.shared_group or "", env.shared_filter)
-        online = [m for m in members if self.table.sessions()[m].online] or members
+        online = self.shared_members(env.shared_group or "", env.shared_filter)
         if not online:
             return False
         key = (env.shared_group or "", env.shared_filter)

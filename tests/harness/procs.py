@@ -10,6 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sidecar.procinfo import pid_alive
+
+__all__ = ["ManagedProcess", "ProcessGroup", "free_port", "pid_alive", "port_open", "wait_for"]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -33,15 +37,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         with socket.create_connection((host, port), timeout=0.2):
             return True
     except OSError:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` runs and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
 
 

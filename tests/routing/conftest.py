@@ -55,45 +55,58 @@ class Cluster:
         wait_for(seen, timeout, f"interest in {filt} from {node}")
 
 
-@pytest.fixture(scope="module")
-def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """One 3-node cluster for a whole test module (for many small independent checks)."""
+def _need_plugin() -> None:
     if not PLUGIN.exists():
         pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+
+
+def _new_run_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="mqfed-routing-", dir="/tmp"))
     path.chmod(0o755)
+    return path
+
+
+def _start(path: Path, nodes: int) -> Cluster:
+    """`mqfed up` in `path`, then wait until every peer stream is up."""
+    result = mqfed("up", "--nodes", str(nodes), "--detach", "--json", "--base-port",
+                   str(base_port(nodes)), "--run-dir", str(path), timeout=120)
+    assert result.returncode == 0, result.stderr + logs_of(path)
+    cluster = Cluster(path, json.loads(result.stdout))
+    cluster.wait_meshed()
+    return cluster
+
+
+def _finish(path: Path, failed: bool) -> None:
+    """Bring the cluster down by PID; keep its folder (and print its logs) if anything failed."""
+    if failed:
+        print(logs_of(path))
+    left = cleanup(path)
+    if left and not failed:
+        print(logs_of(path))
+    if not failed and not left:
+        shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"processes of {path} still running: {left}"
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[Cluster]:
+    """One 3-node cluster for a whole test module (for many small independent checks)."""
+    _need_plugin()
+    path = _new_run_dir()
     try:
-        result = mqfed("up", "--nodes", "3", "--detach", "--json", "--base-port",
-                       str(base_port(3)), "--run-dir", str(path), timeout=120)
-        assert result.returncode == 0, result.stderr + logs_of(path)
-        cluster = Cluster(path, json.loads(result.stdout))
-        cluster.wait_meshed()
-        yield cluster
+        yield _start(path, 3)
     finally:
-        left = cleanup(path)
-        if left:
-            print(logs_of(path))
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-        assert not left, f"processes of {path} still running: {left}"
+        _finish(path, failed=False)
 
 
 @pytest.fixture
 def cluster_factory(request: pytest.FixtureRequest) -> Iterator:
-    if not PLUGIN.exists():
-        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    _need_plugin()
     dirs: list[Path] = []
 
     def start(nodes: int = 3) -> Cluster:
-        path = Path(tempfile.mkdtemp(prefix="mqfed-routing-", dir="/tmp"))
-        path.chmod(0o755)
-        dirs.append(path)
-        result = mqfed("up", "--nodes", str(nodes), "--detach", "--json", "--base-port",
-                       str(base_port(nodes)), "--run-dir", str(path), timeout=120)
-        assert result.returncode == 0, result.stderr + logs_of(path)
-        cluster = Cluster(path, json.loads(result.stdout))
-        cluster.wait_meshed()
-        return cluster
+        dirs.append(_new_run_dir())
+        return _start(dirs[-1], nodes)
 
     try:
         yield start
@@ -101,9 +114,4 @@ def cluster_factory(request: pytest.FixtureRequest) -> Iterator:
         failed = any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False)
                      for when in ("setup", "call"))
         for path in dirs:
-            if failed:
-                print(logs_of(path))
-            left = cleanup(path)
-            if not failed and not left:
-                shutil.rmtree(path, ignore_errors=True)
-            assert not left, f"processes of {path} still running: {left}"
+            _finish(path, failed)
