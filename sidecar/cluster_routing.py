@@ -81,6 +81,7 @@ class ClusterRouting:
         self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
+        self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
         self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
         self._tasks: list[asyncio.Task] = []
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
@@ -217,7 +218,13 @@ class ClusterRouting:
             for sub in self.remote.subscriptions():
                 self.fwd.subscribe(sub.filter, sub.subscription_id, sub.no_local)
 
+    @property
+    def unsettled(self) -> int:
+        """Messages from Mosquitto not yet settled with every target peer."""
+        return self.forwarder.pending
+
     def _on_copies(self, copies: list[LocalCopy]) -> None:
+        self.last_copy_at = time.monotonic()
         wall_ms = int(time.time() * 1000)
         down = [p for p in self.queues if not self.transport.connected(p)]
         for copy in copies:

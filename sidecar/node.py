@@ -25,6 +25,7 @@ from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.cluster_routing import ClusterRouting
 from sidecar.config import NodeConfig
+from sidecar.drain import drain
 from sidecar.local.events import Event, ProtocolError, Snapshot
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LinkError, LocalLink
@@ -321,6 +322,15 @@ class Node:
                 last_write = now
                 self._publish_status()
 
+    async def _drain(self) -> None:
+        """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
+        when we stop Mosquitto too: a sidecar alone restarting keeps every client."""
+        if self.broker is None or self.link is None or not self.link.connected:
+            return
+        online = [c for c, info in self.table.sessions().items()
+                  if info.online and not c.startswith(DEFAULT_SIDECAR_ID)]
+        await drain(self.link, online, self.routing)
+
     async def _on_broker_restart(self) -> None:
         log.warning("mosquitto restarted; the link re-syncs from a new snapshot")
         self._state_dirty = True
@@ -444,8 +454,10 @@ class Node:
                 self.broker.supervise(self._on_broker_restart)))
         try:
             await self._stop.wait()
+            if self.protocol_error is None:
+                await self._drain()
         finally:
-            if self.membership is not None:  # leave first: peers drop us at once
+            if self.membership is not None:  # then leave: peers drop us at once
                 await self.membership.stop()
                 self.membership = None
             for task in background + list(self._tasks):

@@ -181,6 +181,11 @@ class LocalLink:
         """Fire-and-forget command (e.g. `ack`)."""
         self._publish_command(cmd, None, **fields)
 
+    @property
+    def connected(self) -> bool:
+        """The MQTT session to the plugin is up."""
+        return self._connected.is_set()
+
     async def request(self, cmd: str, timeout: float = 5.0, **fields) -> Reply:
         """Send a command and wait for its reply; raises CommandFailed or LinkError."""
         return await self._await(cmd, None, timeout, fields)

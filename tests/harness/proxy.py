@@ -1,0 +1,89 @@
+"""A TCP proxy on loopback that can cut one process off from a service (a partition)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from tests.harness.procs import free_port
+
+__all__ = ["CuttableProxy"]
+
+
+class CuttableProxy:
+    """Forwards 127.0.0.1:`port` to 127.0.0.1:`target`. `cut()` black-holes it (nothing is
+    forwarded, new connections hang unanswered, like a partition); `restore()` heals it and
+    the stalled data flows again. Threads only: `close()` stops it all."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self._open = threading.Event()
+        self._open.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.2)
+        threading.Thread(target=self._accept_loop, daemon=True, name="proxy-accept").start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self._open.clear()
+
+    def restore(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._open.set()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+        self._listener.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            if not self._open.wait(0.2):
+                continue  # cut: leave new connections unanswered in the backlog
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True,
+                                 name="proxy-pump").start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.2)
+        while not self._closed:
+            if not self._open.wait(0.2):
+                continue  # cut: stop reading, so nothing passes either way
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            self._open.wait()
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
