@@ -74,6 +74,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help=f"folder for the cluster and bridge files (default: ./{DEFAULT_RUN_DIR})")
     p.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help=f"first port used (default: {DEFAULT_BASE_PORT})")
+    p.add_argument("--traces", type=Path, metavar="DIR",
+                   help="write trace records (docs/traces.md) into DIR, for `mqfed audit`")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
@@ -89,7 +91,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
                         rate=args.rate, messages=None if args.seconds else args.messages or 20000,
                         seconds=args.seconds, qos=args.qos, size=args.size,
-                        publishers=args.publishers, window=args.window, cases=args.cases)
+                        publishers=args.publishers, window=args.window, cases=args.cases,
+                        traces=args.traces.resolve() if args.traces else None)
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

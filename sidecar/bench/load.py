@@ -18,6 +18,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from sidecar.bench import payload
+from sidecar.bench.traces import TraceWriter, pub_line
 
 ACK_TIMEOUT = 30.0  # seconds without any ack before a publisher gives up
 CONNECT_TIMEOUT = 10.0
@@ -37,6 +38,9 @@ class LoadSpec:
     window: int = 100
     client_id: str = "bench-pub"
     host: str = "127.0.0.1"
+    traces: str | None = None  # write `pub` trace records into this folder
+    run: str = "bench"  # the run id of those records
+    node: str = ""  # the node this publisher is connected to (its records' origin)
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Publisher:
         start = time.monotonic()
         deadline = start + spec.seconds if spec.seconds else None
         seq = 0
+        trace = (TraceWriter(spec.traces, f"pub-{spec.run}-{self.index}") if spec.traces
+                 else None)
         while spec.messages is None or seq < spec.messages:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -114,11 +120,16 @@ class Publisher:
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 res.error = f"publish failed: {mqtt.error_string(info.rc)}"
                 break
+            if trace is not None:
+                trace.write(pub_line(spec.run, self.index, seq, spec.topic, spec.qos, spec.node,
+                                     t, spec.size))
             if seq == 0:
                 res.first_ns = t
             res.last_ns = t
             seq += 1
         res.sent = seq
+        if trace is not None:
+            trace.close()
         drain_deadline = time.monotonic() + ACK_TIMEOUT
         while res.acked < res.sent and time.monotonic() < drain_deadline:
             time.sleep(0.01)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from sidecar.bench import payload
 
@@ -24,20 +26,39 @@ class Subscriber:
     """A paho MQTT v5 client subscribed to `topic_filter` that records what arrives."""
 
     def __init__(self, port: int, topic_filter: str, qos: int, client_id: str,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", trace: bool = False,
+                 session_expiry: int = 0) -> None:
         self.host, self.port, self.filter, self.qos = host, port, topic_filter, qos
-        self.records: list[tuple[bytes, int, bool]] = []  # (header, receive ns, DUP flag)
+        # (header, receive ns, DUP flag), plus (topic, QoS) when traced
+        self.records: list[tuple] = []
         self.probe_seen = threading.Event()
+        self.granted_qos: int | None = None
+        self.session_expiry = session_expiry
         self._subscribed = threading.Event()
         self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                                   client_id=client_id, protocol=mqtt.MQTTv5)
         self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda *args: self._subscribed.set()
-        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        # chosen once: tracing costs nothing per message when it is off
+        self.client.on_message = self._on_message_traced if trace else self._on_message
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if not reason_code.is_failure:
             client.subscribe(self.filter, qos=self.qos)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        if reason_codes and not reason_codes[0].is_failure:
+            self.granted_qos = reason_codes[0].value
+        self._subscribed.set()
+
+    def _on_message_traced(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        now = time.time_ns()
+        topic = msg.topic
+        if topic.endswith("/" + PROBE):
+            self.probe_seen.set()
+            return
+        self.records.append((msg.payload[:payload.HEADER_SIZE], now, bool(msg.dup), topic,
+                             msg.qos))
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         now = time.time_ns()
@@ -48,10 +69,27 @@ class Subscriber:
 
     def start(self, timeout: float = 10.0) -> None:
         """Connect and subscribe; raise if the SUBACK does not come within `timeout`."""
-        self.client.connect(self.host, self.port, keepalive=30)
+        props = None
+        if self.session_expiry:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = self.session_expiry
+        self.client.connect(self.host, self.port, keepalive=30, properties=props)
         self.client.loop_start()
         if not self._subscribed.wait(timeout):
             raise RuntimeError(f"no SUBACK from {self.host}:{self.port} for {self.filter}")
+
+    def pause(self) -> None:
+        """Drop the connection (the session stays if `session_expiry` > 0)."""
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def resume(self, timeout: float = 10.0) -> None:
+        """Reconnect (clean start false) and wait for the (re)subscription's SUBACK."""
+        self._subscribed.clear()
+        self.client.reconnect()
+        self.client.loop_start()
+        if not self._subscribed.wait(timeout):
+            raise RuntimeError(f"no SUBACK from {self.host}:{self.port} after resuming")
 
     def close(self) -> None:
         self.client.disconnect()
@@ -84,7 +122,7 @@ def percentile(ordered: Sequence[float], pct: float) -> float:
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def summarize(records: Sequence[tuple[bytes, int, bool]], sent: Mapping[int, int],
+def summarize(records: Sequence[tuple], sent: Mapping[int, int],
               first_pub_ns: int, last_pub_ns: int) -> CaseStats:
     """Figures from the subscriber's records and the publishers' sent counts (by index)."""
     seen: set[tuple[int, int]] = set()
@@ -92,7 +130,7 @@ def summarize(records: Sequence[tuple[bytes, int, bool]], sent: Mapping[int, int
     latencies: list[float] = []
     out_of_order = 0
     last_recv = first_pub_ns
-    for header, recv_ns, _dup in records:
+    for header, recv_ns, *_ in records:
         stamp = payload.decode(header)
         if stamp is None:
             continue
@@ -131,7 +169,7 @@ def wait_complete(sub: Subscriber, expected: int, idle: float = 5.0,
         now_count = len(sub.records)
         if now_count != count:
             count, last_change = now_count, time.monotonic()
-            if count >= expected and len({h for h, _, _ in sub.records}) >= expected:
+            if count >= expected and len({r[0] for r in sub.records}) >= expected:
                 break
         elif time.monotonic() - last_change > idle:
             break

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -19,6 +20,7 @@ from sidecar.bench.cluster import BenchCluster
 from sidecar.bench.load import ACK_TIMEOUT, LoadSpec, PublisherPool
 from sidecar.bench.measure import PROBE, Subscriber, summarize, wait_complete
 from sidecar.bench.observe import CpuMeter, LogWatch
+from sidecar.bench.traces import ReceivedTracer, TraceWriter, sub_line
 from sidecar.cluster.layout import PORT_SPAN
 from sidecar.cluster.net import port_problem
 
@@ -42,6 +44,8 @@ class BenchOptions:
     publishers: int = 1
     window: int = 100
     cases: str = "abc"
+    traces: Path | None = None  # write trace records (docs/traces.md) into this folder
+    run: str = ""  # run id prefix of the trace records (default: random)
 
 
 @dataclass(frozen=True)
@@ -51,19 +55,23 @@ class Target:
     key: str
     pub_port: int
     sub_port: int
+    pub_node: str = ""
+    sub_node: str = ""
 
 
 def _split(total: int, parts: int, index: int) -> int:
     return total // parts + (1 if index < total % parts else 0)
 
 
-def _specs(opts: BenchOptions, target: Target) -> list[LoadSpec]:
+def _specs(opts: BenchOptions, target: Target, run: str) -> list[LoadSpec]:
     n = opts.publishers
     return [LoadSpec(port=target.pub_port, topic=f"bench/{target.key}/{i}", qos=opts.qos,
                      size=opts.size, rate=opts.rate / n,
                      messages=_split(opts.messages, n, i) if opts.messages else None,
                      seconds=opts.seconds, window=opts.window,
-                     client_id=f"bench-pub-{target.key}-{i}") for i in range(n)]
+                     client_id=f"bench-pub-{target.key}-{i}",
+                     traces=str(opts.traces) if opts.traces else None, run=run,
+                     node=target.pub_node) for i in range(n)]
 
 
 def _probe(port: int, topic: str, qos: int, sub: Subscriber) -> None:
@@ -95,14 +103,23 @@ def _time_limit(opts: BenchOptions) -> float:
 def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
              logs: list[Path]) -> dict[str, Any]:
     """Run one case; returns its figures, CPU use and new log warnings."""
+    run = f"{opts.run or uuid.uuid4().hex[:8]}-{target.key}"
     sub = Subscriber(target.sub_port, f"bench/{target.key}/#", opts.qos,
-                     f"bench-sub-{target.key}-{os.getpid()}")
-    pool = PublisherPool(_specs(opts, target))
+                     f"bench-sub-{target.key}-{os.getpid()}", trace=opts.traces is not None)
+    pool = PublisherPool(_specs(opts, target, run))
     watch = LogWatch(logs)
+    trace = TraceWriter(opts.traces, f"recv-{run}") if opts.traces else None
+    tracer = None
     try:
         sub.start()
         pool.start()
         _probe(target.pub_port, f"bench/{target.key}/{PROBE}", opts.qos, sub)
+        if trace is not None:
+            tracer = ReceivedTracer(trace, run, f"sub-{target.key}", target.sub_node,
+                                    sub.records)
+            trace.write(sub_line("sub", run, tracer.sub, target.sub_node, sub.filter,
+                                 _granted(sub, opts.qos), time.time_ns()))
+            tracer.start()
         meter = CpuMeter({**pids, "bench (subscriber)": os.getpid()})
         watch.mark()
         meter.start()
@@ -113,6 +130,12 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
         wall = max(last - meter.started, 1e-3)
     finally:
         pool.stop()
+        if tracer is not None:
+            tracer.stop()
+            trace.write(sub_line("unsub", run, tracer.sub, target.sub_node, sub.filter,
+                                 _granted(sub, opts.qos), time.time_ns()))
+        if trace is not None:
+            trace.close()
         sub.close()
     cpu["publishers"] = round(100 * sum(r.cpu_seconds for r in results) / wall, 1)
     first = min((r.first_ns for r in results if r.sent), default=0)
@@ -123,6 +146,10 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
             "publisher_errors": [r.error for r in results if r.error],
             "publisher_pids": pool.pids,
             "cpu_percent": cpu, "log_warnings": watch.new_warnings()}
+
+
+def _granted(sub: Subscriber, qos: int) -> int:
+    return sub.granted_qos if sub.granted_qos is not None else qos
 
 
 def check_ports(opts: BenchOptions) -> None:
@@ -186,8 +213,9 @@ def _shielded() -> Iterator[None]:
 
 def _target(key: str, cluster: BenchCluster, bridge: BridgePair) -> Target:
     if key == "c":
-        return Target("c", bridge.port_a, bridge.port_b)
-    return Target(key, cluster.port("n1"), cluster.port("n1" if key == "a" else "n2"))
+        return Target("c", bridge.port_a, bridge.port_b, "bridge-a", "bridge-b")
+    sub_node = "n1" if key == "a" else "n2"
+    return Target(key, cluster.port("n1"), cluster.port(sub_node), "n1", sub_node)
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
