@@ -125,6 +125,7 @@ class PeerTransport:
         self._stopping = False
         self._loud: dict[str, str] = {}
         self._channel_options = wire.channel_options(max_message_bytes)
+        self.blocked: frozenset[str] = frozenset()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -190,6 +191,20 @@ class PeerTransport:
                 self._stop_dialling(p, f"its address changed to {address}")
             p.address, p.failures = address, 0
             p.dial_task = asyncio.create_task(self._dial_loop(p, address), name=f"peer-dial-{node}")
+
+    def block(self, peers: frozenset[str]) -> None:
+        """Fault injection (tests, drills): no stream with these peers until unblocked; their
+        streams close now, dials to them wait, their dials to us are refused."""
+        newly = peers - self.blocked
+        self.blocked = peers
+        for node in newly:
+            p = self._peers.get(node)
+            if p is None:
+                continue
+            if p.outbound is not None:
+                p.outbound.close("blocked (fault injection)")
+            if p.inbound is not None:
+                p.inbound.close("blocked (fault injection)")
 
     # ---- sending -----------------------------------------------------------------------------
 
@@ -325,6 +340,10 @@ class PeerTransport:
     async def _dial_loop(self, p: _Peer, address: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if p.node_id in self.blocked:
+                p.out_state = "blocked"
+                await asyncio.sleep(0.2)
+                continue
             p.out_state = "connecting"
             try:
                 dialled = await dial(p.node_id, address, self.handshake,
@@ -379,6 +398,8 @@ class PeerTransport:
         if self._stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id!r}: {STOPPING}")
         node = accept.peer.node_id
+        if node in self.blocked:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{node!r} is blocked here")
         old = self._peers.get(node)
         if old is not None and old.inbound is not None:  # check() admitted a newer incarnation
             old.inbound.close(f"replaced by a newer stream from {node!r}"

@@ -131,11 +131,15 @@ class Forwarder:
 
     def on_copy(self, copy: LocalCopy, wall_ms: int,
                 down: Collection[str] = ()) -> list[ForwardAction]:
-        """Decide what to do with one copy; the last action acks it locally when nothing waits."""
+        """Decide what to do with one copy; the last action acks it locally when nothing waits.
+        A retain=1 copy is a client's retained publish: the retained path (`sidecar.retained`)
+        stores it on every node and so delivers it to their plain subscribers; only a shared
+        group's delivery (Mosquitto picked this sidecar as the member) goes this way (the
+        plugin keeps retained re-injections away from shared subscriptions)."""
         decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
         actions: list[ForwardAction] = [Unroutable(key) for key in decision.unroutable]
         self.unroutable += len(decision.unroutable)
-        targets = [(peer, None, "") for peer in sorted(decision.peers)]
+        targets = [(peer, None, "") for peer in ([] if copy.retain else sorted(decision.peers))]
         targets += [(s.peer, s.group, s.filter) for s in decision.shared]
         if not targets:
             self.skipped += 1

@@ -52,8 +52,11 @@
  * messages; any READ check on .fwd (live or offline session) for its own message is a shared
  * membership (No Local is forbidden there): denied.
  *
- * Publishes of .fwd with retain=1 are not covered (the sidecar re-injects with retain=0): such a
- * message becomes the retained message and later retained deliveries must stay untouched. */
+ * Publishes of .fwd with retain=1 (replicated retained messages) are covered too: their routing
+ * is the same. Later deliveries of the stored retained message are untouched: each follows a
+ * SUBSCRIBE check (which clears `g.fwd_cur`, and a QoS 2 entry was dropped after its routing or
+ * is checked with the client's fresh count, where the new plain subscription comes first), and
+ * Mosquitto sends no retained message to a shared subscription. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,7 +136,7 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 		HASH_FIND_PTR(g.fwd_q2, &ed->topic, e);
 		if(e) q2_forget(e);
 	}
-	if(g.fwd == NULL || ed->client != g.fwd || ed->retain) return;
+	if(g.fwd == NULL || ed->client != g.fwd) return;
 
 	fp.topic = ed->topic;
 	fp.payload = ed->payload;
@@ -196,7 +199,8 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 	const char *id;
 	bool to_fwd;
 
-	if(retain || topic == NULL) return false;
+	(void)retain;
+	if(topic == NULL) return false;
 	if(g.fwd_cur_set && topic == g.fwd_cur.topic){
 		fp = &g.fwd_cur;
 	}else if(qos == 2 && g.fwd_q2){

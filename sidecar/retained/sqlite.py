@@ -1,0 +1,58 @@
+"""`SqliteRetainedStore`: the node's durable retained index (adapter)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+from sidecar.local.events import MessageProperties
+from sidecar.retained.entry import RetainedEntry
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS retained (
+    topic TEXT PRIMARY KEY,
+    hlc INTEGER NOT NULL,
+    origin TEXT NOT NULL,
+    deleted INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    properties TEXT NOT NULL,
+    expires_at_ms INTEGER
+)
+"""
+
+
+class SqliteRetainedStore:
+    """One row per topic: the newest entry (tombstones included)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(_SCHEMA)
+
+    def load(self) -> list[RetainedEntry]:
+        rows = self._db.execute("SELECT topic, hlc, origin, deleted, payload, qos, properties, "
+                                "expires_at_ms FROM retained")
+        return [RetainedEntry(t, h, o, bytes(p), q, MessageProperties.from_json(json.loads(pr)),
+                              bool(d), e) for t, h, o, d, p, q, pr, e in rows]
+
+    def save(self, entries: Iterable[RetainedEntry]) -> None:
+        rows = [(e.topic, e.hlc, e.origin, int(e.deleted), e.payload, e.qos,
+                 json.dumps(e.properties.to_json()), e.expires_at_ms) for e in entries]
+        if not rows:
+            return
+        self._db.execute("BEGIN")
+        self._db.executemany(
+            "INSERT INTO retained VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(topic) DO UPDATE "
+            "SET hlc=excluded.hlc, origin=excluded.origin, deleted=excluded.deleted, "
+            "payload=excluded.payload, qos=excluded.qos, properties=excluded.properties, "
+            "expires_at_ms=excluded.expires_at_ms WHERE excluded.hlc > retained.hlc OR "
+            "(excluded.hlc = retained.hlc AND excluded.origin > retained.origin)", rows)
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
