@@ -128,6 +128,11 @@ def _describe(state: ClusterState) -> str:
     lines += ["Connect to the front or to any node, e.g.:",
               f"  mosquitto_sub -h 127.0.0.1 -p {front} -t '#' -v",
               f"  mosquitto_pub -h 127.0.0.1 -p {front} -t hello -m world",
+              "Inspect it from any node (admin API, token in the run dir):",
+              *(f"  mqfed ctl --node {addr(n.ports.admin)} --token-file {lay.admin_token_path} "
+                "status" for n in sorted(state.nodes.values(), key=lambda n: n.index)[:1]),
+              f"  metrics and probes: http://{addr(lay.node_ports(1).metrics)}/metrics, "
+              "/healthz, /readyz",
               f"Logs: {run_dir}/nodes/<id>/node.log, {run_dir}/etcd/etcd.log, "
               f"{run_dir}/haproxy/haproxy.log"]
     return "\n".join(lines)

@@ -88,7 +88,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
-        "metrics": Key(str, "127.0.0.1:9101", _optional_address, "Prometheus listener"),
+        "metrics": Key(str, "127.0.0.1:9101", _optional_address,
+                       "Prometheus /metrics, /healthz and /readyz listener ('' for none)"),
+        "token": Key(str, "", None, "bearer token admin calls must carry"),
+        "token_file": Key(str, "", None, "file holding the admin token (instead of token)"),
+        "dev_mode": Key(bool, False, None, "accept admin calls without a token (loopback "
+                        "admin.listen only; for development)"),
     },
     "membership": {
         "mode": Key(str, "etcd", _one_of("etcd", "static"), "etcd or a static peer list"),
@@ -205,7 +210,8 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
     base = source.parent if source else Path.cwd()
     run_dir = Path(values["node"]["run_dir"] or f"run/{values['node']['id']}")
     run_dir = run_dir if run_dir.is_absolute() else (base / run_dir)
-    for section, name in (("mqtt", "include"), ("mqtt", "plugin")):
+    _check_admin(values["admin"], where_file)
+    for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file")):
         path = values[section][name]
         if path and not Path(path).is_absolute():
             values[section][name] = str((base / path).resolve())
@@ -219,6 +225,19 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                 raise ConfigError(f"{where_file}: membership.peers entry {peer!r}: expected "
                                   f"ID@HOST:PORT ({exc})") from None
     return NodeConfig(values=values, source=source, run_dir=run_dir.resolve())
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def _check_admin(admin: Mapping[str, Any], where: str) -> None:
+    if admin["token"] and admin["token_file"]:
+        raise ConfigError(f"{where}: admin.token and admin.token_file are both set; set one")
+    host = admin["listen"].rpartition(":")[0]
+    if admin["dev_mode"] and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        raise ConfigError(f"{where}: admin.dev_mode accepts admin calls without a token and is "
+                          f"allowed only on a loopback admin.listen (127.0.0.1, ::1, "
+                          f"localhost), got {admin['listen']!r}")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> NodeConfig:

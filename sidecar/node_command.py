@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import sys
 
+from sidecar.admin.server import AdminServerError
 from sidecar.broker.conf import BrokerConfigError
 from sidecar.broker.process import BrokerStartError
 from sidecar.config import ConfigError, load_config
 from sidecar.local.link import LinkError
 from sidecar.logs import setup_logging
 from sidecar.membership.etcd import MembershipError
+from sidecar.observability.http import MetricsServerError
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +39,6 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return asyncio.run(run_node(config))
     except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError,
-            MembershipError) as exc:
+            MembershipError, AdminServerError, MetricsServerError) as exc:
         print(f"mqfed node: {exc}", file=sys.stderr)
         return 2

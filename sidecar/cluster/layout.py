@@ -2,7 +2,7 @@
 
 Port layout for base port P: front (HAProxy) P; node i (1..99): MQTT P+i, gRPC P+100+i,
 admin P+200+i, metrics P+300+i; etcd client P+400, etcd peer P+401.
-Run-dir layout: `cluster.json` (launcher state), `lock`, `etcd/` (data + log),
+Run-dir layout: `cluster.json` (launcher state), `lock`, `admin-token`, `etcd/` (data + log),
 `haproxy/` (config, admin socket, log), `nodes/<id>/` (node.toml, node.log, the node's files).
 """
 
@@ -104,6 +104,11 @@ class Layout:
     @property
     def nodes_dir(self) -> Path:
         return self.run_dir / "nodes"
+
+    @property
+    def admin_token_path(self) -> Path:
+        """The cluster's admin token (0600), shared by its nodes and `mqfed ctl`."""
+        return self.run_dir / "admin-token"
 
     def node_dir(self, ident: str) -> Path:
         return self.nodes_dir / ident

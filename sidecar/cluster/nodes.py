@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
                  "run_dir": str(lay.node_dir(node.id))},
         "mqtt": {"listen": f"{HOST}:{ports.mqtt}"},
         "grpc": {"listen": f"{HOST}:{ports.grpc}"},
-        "admin": {"listen": f"{HOST}:{ports.admin}", "metrics": f"{HOST}:{ports.metrics}"},
+        "admin": {"listen": f"{HOST}:{ports.admin}", "metrics": f"{HOST}:{ports.metrics}",
+                  "token": "", "token_file": str(lay.admin_token_path)},
         "membership": {"mode": "etcd", "etcd": [f"{HOST}:{lay.etcd_client_port}"]},
     }
     if state.log_level:
@@ -61,8 +63,20 @@ def log_path(layout: Layout, ident: str) -> Path:
     return layout.node_dir(ident) / "node.log"
 
 
+def ensure_admin_token(layout: Layout) -> Path:
+    """The cluster's admin token file, created (0600, random) on first use."""
+    path = layout.admin_token_path
+    if not path.exists():
+        layout.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def start(state: ClusterState, node: NodeRecord) -> ProcRef:
     """Write the node's config and start `mqfed node` in its own session."""
+    ensure_admin_token(state.layout)
     settings = values(state, node)
     node_dir = state.layout.node_dir(node.id)
     node_dir.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,11 @@ class EtcdMembership:
         return self.view.peers()
 
     @property
+    def reachable(self) -> bool:
+        """Whether etcd answered the last keep-alive or watch (False before the first)."""
+        return bool(self._reachable)
+
+    @property
     def registered(self) -> bool:
         """True while this node believes its key is in etcd under a live lease."""
         return self._lease_id is not None

@@ -45,6 +45,7 @@ class NodeRecord:
     incarnation: int
     started_at: float
     leaving: bool = False  # set just before a graceful leave deletes the key
+    admin: str = ""  # host:port of the node's admin API ("" from nodes older than issue 6)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
@@ -62,10 +63,11 @@ class NodeRecord:
         try:
             rec = cls(node_id=obj["node_id"], grpc=obj["grpc"], mqtt=obj["mqtt"],
                       version=obj["version"], incarnation=obj["incarnation"],
-                      started_at=obj["started_at"], leaving=obj.get("leaving", False) is True)
+                      started_at=obj["started_at"], leaving=obj.get("leaving", False) is True,
+                      admin=obj.get("admin", ""))
         except KeyError as exc:
             raise BadRecord(f"node record lacks field {exc.args[0]!r}") from None
-        for name in ("node_id", "grpc", "mqtt", "version"):
+        for name in ("node_id", "grpc", "mqtt", "version", "admin"):
             if not isinstance(getattr(rec, name), str):
                 raise BadRecord(f"node record field {name!r} must be a string")
         if not rec.node_id or not rec.grpc:

@@ -22,7 +22,9 @@ def pb(tmp_path_factory):
     (root / PACKAGE).mkdir()
     (root / PACKAGE / "__init__.py").write_text("")
     files = protogen.generate(root / PACKAGE)
-    assert {f.name for f in files} == {"peer_pb2.py", "peer_pb2.pyi", "peer_pb2_grpc.py"}
+    assert {f.name for f in files} >= {"peer_pb2.py", "peer_pb2.pyi", "peer_pb2_grpc.py"}
+    assert {f.name for f in files} == {f"{stem}{suffix}" for stem in ("peer_pb2", "admin_pb2")
+                                       for suffix in (".py", ".pyi", "_grpc.py")}
     sys.path.insert(0, str(root))
     try:
         module = importlib.import_module(f"{PACKAGE}.peer_pb2")

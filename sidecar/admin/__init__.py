@@ -1,0 +1,1 @@
+"""The admin API (issue 6): gRPC service, cluster-wide fan-out, `mqfed ctl`, traces."""

@@ -1,0 +1,133 @@
+"""This node's own answers to admin queries (adapter: reads the node's cores, no I/O)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sidecar._proto import admin_pb2
+from sidecar.admin.directory import Entry
+from sidecar.admin.retained import RetainedSource
+from sidecar.topics import matches
+
+if TYPE_CHECKING:
+    from sidecar.node import Node
+
+__all__ = ["Answers", "node_info"]
+
+DEFAULT_LIMIT = 10_000
+
+
+def node_info(entry: Entry, self_id: str) -> admin_pb2.NodeInfo:
+    r = entry.record
+    return admin_pb2.NodeInfo(node_id=r.node_id, state=entry.state, mqtt=r.mqtt, grpc=r.grpc,
+                              admin=r.admin, version=r.version, incarnation=r.incarnation,
+                              started_at=r.started_at, since=entry.since,
+                              self=r.node_id == self_id)
+
+
+def _limit(query: admin_pb2.Query) -> int:
+    return query.limit or DEFAULT_LIMIT
+
+
+class Answers:
+    """Builds this node's part of every admin reply."""
+
+    def __init__(self, node: Node, version: str,
+                 retained: Callable[[], RetainedSource]) -> None:
+        self.node = node
+        self.version = version
+        self.retained_source = retained
+
+    @property
+    def node_id(self) -> str:
+        return self.node.config.node_id
+
+    def status(self) -> admin_pb2.NodeStatus:
+        node, cfg = self.node, self.node.config
+        routing = node.routing
+        stream = node.stream.stats()
+        sessions = node.table.sessions_status()
+        membership = node.membership
+        out = admin_pb2.NodeStatus(
+            node_id=cfg.node_id, cluster=cfg.cluster, version=self.version,
+            incarnation=routing.incarnation if routing else 0, started_at=node.started_at,
+            uptime_s=time.time() - node.started_at, ready=node.ready,
+            mqtt=cfg["mqtt"]["listen"], grpc=cfg["grpc"]["listen"],
+            admin=cfg["admin"]["listen"], metrics=cfg["admin"]["metrics"],
+            membership=cfg["membership"]["mode"],
+            etcd_reachable=bool(membership and membership.reachable),
+            etcd_registered=bool(membership and membership.registered),
+            plugin_in_sync=bool(stream["in_sync"]), plugin_gaps=stream["gaps"],
+            plugin_resyncs=stream["resyncs"], clients_online=sessions["online"],
+            clients_offline=sessions["offline"], subscriptions=sessions["subscriptions"])
+        if routing is None:
+            return out
+        out.forwarded = routing.forwarder.forwarded
+        out.received = routing.counters["received"]
+        for peer, state in routing.transport.states().items():
+            queue = routing.queues.get(peer)
+            out.peers.add(peer=peer, outbound=state["outbound"]["state"],
+                          inbound=state["inbound"]["state"], reconnects=state["reconnects"],
+                          last_error=state["last_error"] or "",
+                          queued_messages=queue.count() if queue else 0,
+                          queued_bytes=queue.bytes() if queue else 0,
+                          messages_sent=routing.peer_sent.get(peer, 0),
+                          messages_received=routing.peer_received.get(peer, 0))
+        return out
+
+    def routes(self, query: admin_pb2.Query) -> list[admin_pb2.Route]:
+        """Where a message published here goes, and because of which filter."""
+        topic = query.topic  # validated by the server
+        me = self.node_id
+        rows: list[admin_pb2.Route] = []
+        for key, count in sorted(self.node.table.interest().items(),
+                                 key=lambda kv: (kv[0].filter, kv[0].group or "")):
+            if not topic or matches(key.filter, topic):
+                rows.append(admin_pb2.Route(from_node=me, to_node=me, filter=key.filter,
+                                            group=key.group or "", subscribers=count))
+        routing = self.node.routing
+        if routing is not None:
+            for peer in sorted(routing.remote.peers()):
+                for key in sorted(routing.remote.keys(peer),
+                                  key=lambda k: (k.filter, k.group or "")):
+                    if not topic or matches(key.filter, topic):
+                        rows.append(admin_pb2.Route(from_node=me, to_node=peer,
+                                                    filter=key.filter, group=key.group or ""))
+        return rows[:_limit(query)]
+
+    def subscriptions(self, query: admin_pb2.Query) -> list[admin_pb2.Subscription]:
+        table = self.node.table
+        rows = []
+        for client, info in sorted(table.sessions().items()):
+            if query.client and client != query.client:
+                continue
+            for filt, qos in sorted(table.subscriptions(client).items()):
+                rows.append(admin_pb2.Subscription(node_id=self.node_id, client=client,
+                                                   filter=filt, qos=qos, online=info.online))
+        return rows[:_limit(query)]
+
+    def clients(self, query: admin_pb2.Query) -> list[admin_pb2.Client]:
+        table = self.node.table
+        rows = []
+        for client, info in sorted(table.sessions().items()):
+            if query.client and client != query.client:
+                continue
+            expiry = -1 if info.session_expiry is None else info.session_expiry
+            rows.append(admin_pb2.Client(
+                node_id=self.node_id, client=client, online=info.online,
+                persistent=info.persistent, clean_start=info.clean_start, session_expiry=expiry,
+                username=info.username or "", protocol=info.protocol,
+                subscriptions=len(table.subscriptions(client))))
+        return rows[:_limit(query)]
+
+    def retained(self, query: admin_pb2.Query) -> admin_pb2.RetainedReply:
+        source = self.retained_source()
+        items = source.retained(query.prefix, _limit(query))
+        reply = admin_pb2.RetainedReply(answered_by=self.node_id)
+        reply.sources[self.node_id] = source.source
+        reply.entries.extend(admin_pb2.RetainedEntry(
+            node_id=self.node_id, topic=i.topic, payload_bytes=i.payload_bytes, qos=i.qos,
+            origin_node=i.origin_node, hlc=i.hlc) for i in items)
+        return reply

@@ -1,0 +1,121 @@
+"""The node's admin side (wiring): admin gRPC server, metrics/health listener, the cluster
+directory and the retained source. `node.py` creates one and calls it at a few points."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client.registry import CollectorRegistry
+
+from sidecar.admin.answers import Answers
+from sidecar.admin.auth import AuthPolicy, read_token
+from sidecar.admin.directory import Directory
+from sidecar.admin.retained import IndexSource, NoRetainedIndex, RetainedSource
+from sidecar.admin.server import AdminServer
+from sidecar.membership.view import Change, NodeRecord
+from sidecar.observability.collector import NodeCollector
+from sidecar.observability.health import HealthFacts
+from sidecar.observability.http import MetricsServer
+
+if TYPE_CHECKING:
+    from sidecar.node import Node
+
+__all__ = ["AdminService"]
+
+
+class AdminService:
+    """Admin API + metrics of one node."""
+
+    def __init__(self, node: Node, version: str, crashed_retention: float) -> None:
+        self.node = node
+        self.version = version
+        self.crashed_retention = crashed_retention
+        self.retained: RetainedSource | None = None  # set by whoever owns a retained index
+        self.directory: Directory | None = None
+        self.policy = AuthPolicy(None)
+        self.token: str | None = None
+        self.grpc: AdminServer | None = None
+        self.http: MetricsServer | None = None
+        self._lag = 0.0
+        self._lag_task: asyncio.Task | None = None
+
+    def record(self, incarnation: int) -> NodeRecord:
+        """This node's membership record (what etcd holds), with the admin address."""
+        cfg = self.node.config
+        return NodeRecord(cfg.node_id, cfg["grpc"]["listen"], cfg["mqtt"]["listen"],
+                          self.version, incarnation, self.node.started_at,
+                          admin=cfg["admin"]["listen"])
+
+    def prepare(self, incarnation: int, static_peers: dict[str, str]) -> None:
+        """Before membership starts: the directory, seeded with the static peers if any."""
+        self.policy, self.token = self._policy()  # a bad token file fails the start here
+        self.directory = Directory(self.record(incarnation), self.crashed_retention)
+        self.directory.add_static(static_peers, time.time())
+
+    def on_membership(self, changes: list[Change]) -> None:
+        if self.directory is not None:
+            self.directory.on_events(changes, time.time())
+
+    def _policy(self) -> tuple[AuthPolicy, str | None]:
+        admin = self.node.config["admin"]
+        token = admin["token"] or (read_token(admin["token_file"]) if admin["token_file"]
+                                   else None)
+        return AuthPolicy(token, admin["dev_mode"]), token
+
+    async def start(self) -> None:
+        """Both listeners; calls needing routing answer UNAVAILABLE until it exists."""
+        await self._start_http()
+        try:
+            await self._start_grpc()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_http(self) -> None:
+        self._lag_task = asyncio.create_task(self._measure_lag())
+        listen = self.node.config["admin"]["metrics"]
+        if not listen:
+            return
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(NodeCollector(self.node, self.version))
+        self.http = MetricsServer(listen, registry, self._facts)
+        await self.http.start()
+
+    async def _start_grpc(self) -> None:
+        assert self.directory is not None, "prepare() first"
+        self.grpc = AdminServer(self.node, self.node.config["admin"]["listen"], self.policy,
+                                self.directory, Answers(self.node, self.version,
+                                                        self._retained_source),
+                                self.token)
+        await self.grpc.start()
+
+    async def stop(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop()
+        if self.http is not None:
+            await self.http.stop()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+
+    def _retained_source(self) -> RetainedSource:
+        if self.retained is not None:
+            return self.retained
+        index = getattr(getattr(self.node.routing, "retained", None), "index", None)
+        return IndexSource(index) if index is not None else NoRetainedIndex()
+
+    def _facts(self) -> HealthFacts:
+        node = self.node
+        return HealthFacts(node.config.node_id, node.ready, node._stop.is_set(), self._lag,
+                           str(node.protocol_error) if node.protocol_error else None)
+
+    async def _measure_lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.5)
+            self._lag = max(0.0, loop.time() - before - 0.5)

@@ -1,0 +1,1 @@
+"""Prometheus metrics and health endpoints of a sidecar (issue 6)."""

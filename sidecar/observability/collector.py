@@ -1,0 +1,161 @@
+"""Prometheus metrics read at scrape time from the counters the node's parts already keep
+(adapter; nothing on the hot path). Registered on a private registry per node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from sidecar.node import Node
+
+__all__ = ["NodeCollector"]
+
+OUTBOUND_STATES = ("up", "connecting", "backoff", "refused", "idle")
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"mqfed_{name}", doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetricFamily:
+    return CounterMetricFamily(f"mqfed_{name}", doc, labels=labels)
+
+
+class NodeCollector(Collector):
+    """Every mqfed metric of one node."""
+
+    def __init__(self, node: Node, version: str) -> None:
+        self.node = node
+        self.version = version
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        info = _gauge("node_info", "This node (value 1).", ["node", "cluster", "version"])
+        info.add_metric([node.config.node_id, node.config.cluster, self.version], 1)
+        yield info
+        yield GaugeMetricFamily("mqfed_ready", "1 once the node serves (plugin in sync).",
+                                value=1 if node.ready else 0)
+        yield from self._plugin()
+        yield from self._sessions()
+        yield from self._membership()
+        if node.routing is not None:
+            yield from self._routing()
+
+    def _plugin(self) -> Iterator[Metric]:
+        s = self.node.stream.stats()
+        yield GaugeMetricFamily("mqfed_plugin_in_sync", "1 while the event stream is in sync.",
+                                value=1 if s["in_sync"] else 0)
+        yield CounterMetricFamily("mqfed_plugin_events_applied", "Plugin events applied.",
+                                  value=s["applied"])
+        yield CounterMetricFamily("mqfed_plugin_event_gaps", "Gaps seen in the plugin's "
+                                  "event sequence.", value=s["gaps"])
+        yield CounterMetricFamily("mqfed_plugin_resyncs", "Snapshots requested (re-syncs).",
+                                  value=s["resyncs"])
+        yield CounterMetricFamily("mqfed_plugin_duplicate_events", "Plugin events dropped as "
+                                  "already applied.", value=s["duplicates"])
+        broker = self.node.broker
+        yield CounterMetricFamily("mqfed_broker_restarts", "Mosquitto restarts by the sidecar.",
+                                  value=broker.restarts if broker else 0)
+
+    def _sessions(self) -> Iterator[Metric]:
+        s = self.node.table.sessions_status()
+        clients = _gauge("clients", "Client sessions on this node.", ["state"])
+        clients.add_metric(["online"], s["online"])
+        clients.add_metric(["offline"], s["offline"])
+        yield clients
+        yield GaugeMetricFamily("mqfed_subscriptions", "Subscriptions on this node.",
+                                value=s["subscriptions"])
+        yield GaugeMetricFamily("mqfed_interest_filters", "Distinct filters with local "
+                                "subscribers.", value=s["interest"])
+
+    def _membership(self) -> Iterator[Metric]:
+        m = self.node.membership
+        mode = self.node.config["membership"]["mode"]
+        yield GaugeMetricFamily("mqfed_etcd_reachable", "1 while etcd answers (etcd mode).",
+                                value=1 if m is not None and m.reachable else 0)
+        yield GaugeMetricFamily("mqfed_etcd_registered", "1 while this node's key is in etcd "
+                                "under a live lease.", value=1 if m is not None and m.registered
+                                else 0)
+        members = len(m.view.members()) if m is not None else 1 + len(self.node._peers)
+        g = _gauge("members", "Cluster members this node sees (itself included).", ["mode"])
+        g.add_metric([mode], members)
+        yield g
+
+    def _routing(self) -> Iterator[Metric]:
+        r = self.node.routing
+        assert r is not None
+        sent = _counter("peer_messages_sent", "Messages sent to a peer (resends included).",
+                        ["peer"])
+        received = _counter("peer_messages_received", "Messages received from a peer.",
+                            ["peer"])
+        frames = _counter("peer_frames", "Stream frames.", ["peer", "stream", "direction"])
+        nbytes = _counter("peer_bytes", "Stream bytes.", ["peer", "stream", "direction"])
+        up = _gauge("peer_stream_up", "1 while the stream is up.", ["peer", "stream"])
+        state = _gauge("peer_stream_state", "1 for the outbound stream's current state.",
+                       ["peer", "state"])
+        reconnects = _counter("peer_stream_reconnects", "Outbound stream re-establishments.",
+                              ["peer"])
+        qdepth = _gauge("queue_messages", "QoS >= 1 messages queued for a peer (memory + "
+                        "spilled).", ["peer"])
+        qbytes = _gauge("queue_bytes", "Bytes queued for a peer.", ["peer"])
+        qflight = _gauge("queue_in_flight", "Messages sent to a peer, not acked yet.", ["peer"])
+        sframes = _gauge("stream_queued_frames", "Frames waiting to be written.", ["peer"])
+        dropped = _counter("dropped", "Messages dropped, by reason.", ["reason"])
+        for peer, st in r.transport.states().items():
+            sent.add_metric([peer], r.peer_sent.get(peer, 0))
+            received.add_metric([peer], r.peer_received.get(peer, 0))
+            reconnects.add_metric([peer], st["reconnects"])
+            for name in OUTBOUND_STATES:
+                state.add_metric([peer, name], 1 if st["outbound"]["state"] == name else 0)
+            for stream in ("outbound", "inbound"):
+                s = st[stream]
+                up.add_metric([peer, stream], 1 if s["state"] == "up" else 0)
+                frames.add_metric([peer, stream, "in"], s["frames_in"])
+                frames.add_metric([peer, stream, "out"], s["frames_out"])
+                nbytes.add_metric([peer, stream, "in"], s["bytes_in"])
+                nbytes.add_metric([peer, stream, "out"], s["bytes_out"])
+            sframes.add_metric([peer], st["outbound"]["queued"])
+        queue_drops: dict[str, int] = {}
+        for peer, q in r.queues.items():
+            qdepth.add_metric([peer], q.count())
+            qbytes.add_metric([peer], q.bytes())
+            qflight.add_metric([peer], q.in_flight)
+            for reason, n in q.dropped.items():
+                queue_drops[reason] = queue_drops.get(reason, 0) + n
+        c = r.counters
+        for reason, n in (("qos0_stream_down", c["qos0_dropped"]),
+                          ("unroutable", c["unroutable"]),
+                          ("shared_no_member", c["shared_rejected"]),
+                          *((f"queue_{k}", v) for k, v in sorted(queue_drops.items()))):
+            dropped.add_metric([reason], n)
+        yield from (sent, received, frames, nbytes, up, state, reconnects, qdepth, qbytes, qflight,
+                    sframes, dropped)
+        yield CounterMetricFamily("mqfed_forwarded", "Local publishes forwarded to at least "
+                                  "one peer.", value=r.forwarder.forwarded)
+        yield CounterMetricFamily("mqfed_received", "Messages received from peers.",
+                                  value=c["received"])
+        yield CounterMetricFamily("mqfed_deduplicated", "Received messages dropped as "
+                                  "duplicates.", value=c["duplicates"])
+        yield CounterMetricFamily("mqfed_reinjected", "Received messages published locally.",
+                                  value=c["reinjected"])
+        yield CounterMetricFamily("mqfed_shared_delivered", "Shared-subscription deliveries to "
+                                  "a local member.", value=c["shared_delivered"])
+        yield GaugeMetricFamily("mqfed_pending_local_acks", "Local QoS >= 1 copies waiting for "
+                                "peers.", value=r.forwarder.pending)
+        yield CounterMetricFamily("mqfed_trace_hops", "Hops recorded for traced messages.",
+                                  value=r.tracer.recorded)
+        h = r.hop_latency
+        buckets = [("+Inf" if b == float("inf") else repr(b / 1000), n)
+                   for b, n in h.cumulative()]
+        yield HistogramMetricFamily(
+            "mqfed_forward_hop_latency_seconds", "From the origin's HLC stamp to receipt here "
+            "(includes clock skew between nodes).", buckets=buckets, sum_value=h.sum_ms / 1000)
