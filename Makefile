@@ -5,12 +5,14 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 APT_PACKAGES := mosquitto mosquitto-dev libmosquitto-dev mosquitto-clients libcjson-dev \
-	etcd-server etcd-client haproxy valgrind gcc make python3-venv
+	etcd-server etcd-client haproxy valgrind gcc make python3-venv openjdk-17-jre-headless \
+	debootstrap docker-compose $(if $(shell command -v dockerd),,docker.io)
+# docker.io only where no Docker engine is installed (it conflicts with Docker CE's packages)
 DEMO_NODES ?= 3
 DEMO_PORT ?= 1883
 PYTEST_ARGS ?=
 
-.PHONY: install apt venv proto plugin demo test lint clean
+.PHONY: install apt venv proto plugin demo test lint clean images
 
 install: apt venv proto plugin
 
@@ -31,7 +33,7 @@ apt:
 $(VENV)/.installed: pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,pipeline]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -53,8 +55,13 @@ demo: install
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# with-engine.sh: starts dockerd if needed (and stops it after, only if it started it), builds
+# the container images, and announces loudly when the container tests cannot run
 test: install lint
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	deploy/docker/with-engine.sh $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+images: install
+	deploy/docker/build.sh
 
 clean:
 	$(MAKE) -s -C deploy/mosquitto-plugin clean

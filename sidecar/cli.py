@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sidecar import bench_command, cluster_commands, node_command
+from sidecar import (
+    audit_command,
+    bench_command,
+    cluster_commands,
+    ctl_command,
+    node_command,
+)
+from sidecar.bench import load_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     node_command.add_command(sub)
     cluster_commands.add_commands(sub)
     bench_command.add_command(sub)
+    load_command.add_command(sub)
+    audit_command.add_command(sub)
+    ctl_command.add_command(sub)
     return parser
 
 

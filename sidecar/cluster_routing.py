@@ -17,14 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from sidecar._proto import peer_pb2
+from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.hlc import HybridClock, MessageId
+from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
+from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as wire
 from sidecar.peering.dedup import Deduplicator
 from sidecar.peering.handshake import Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.transport import PeerTransport
+from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -61,7 +65,8 @@ class ClusterRouting:
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
                  forward_client: Callable[..., ForwardClient],
-                 deliver: Callable[[str, Envelope], Any]) -> None:
+                 deliver: Callable[[str, Envelope], Any],
+                 read_retained: ReadRetained | None = None) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -87,10 +92,16 @@ class ClusterRouting:
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
                          "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
                          "unroutable": 0}
+        self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
+        self.peer_received: dict[str, int] = {}
+        self.hop_latency = LatencyHistogram()  # origin HLC -> received here
+        self.tracer = TraceRecorder(self.node_id)
         self._restore()
         self.transport = PeerTransport(Handshake(hello), listen, self)
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
+        self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
+                                        self.fwd, lambda: list(self.queues), read_retained)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def _restore(self) -> None:
@@ -111,19 +122,40 @@ class ClusterRouting:
     async def start(self, peers: Mapping[str, str]) -> None:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         await self.transport.start()
+        self._apply_blocked()
         self.set_peers(peers)  # queues exist before redelivered copies arrive
+        self.retained.start()
         await self.fwd.connect()
         self._tasks.append(asyncio.create_task(self._persist_loop()))
+        self._tasks.append(asyncio.create_task(self._faults_loop()))
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.retained.stop()
         self.fwd.close()
         await self.transport.stop()
         for queue in self.queues.values():
             queue.on_disconnected()
             queue.store.close()
+
+    async def _faults_loop(self) -> None:
+        """Fault injection for tests and drills: `<run_dir>/blocked-peers` lists node ids
+        (one per line) this node keeps no stream with, as if the network between them were
+        cut. Removing the file heals it."""
+        while True:
+            await asyncio.sleep(0.2)
+            self._apply_blocked()
+
+    def _apply_blocked(self) -> None:
+        try:
+            blocked = frozenset(self.state_path.with_name("blocked-peers").read_text().split())
+        except OSError:
+            blocked = frozenset()
+        if blocked != self.transport.blocked:
+            log.warning("blocked peers (fault injection)", extra={"peers": sorted(blocked)})
+            self.transport.block(blocked)
 
     def set_peers(self, peers: Mapping[str, str]) -> None:
         """The membership view: node id -> gRPC address of every other node."""
@@ -131,6 +163,7 @@ class ClusterRouting:
         for peer in (set(self.queues) | self.remote.peers()) - set(peers):
             self._run_interest(self.remote.remove_peer(peer))
             self._ack_local(self.forwarder.on_peer_removed(peer))
+            self.retained.on_peer_down(peer)
             queue = self.queues.pop(peer, None)
             if queue is not None:
                 queue.store.close()
@@ -157,6 +190,7 @@ class ClusterRouting:
     def on_outbound_up(self, peer: str, accept: Accept) -> None:
         log.info("peer stream up", extra={"peer": peer})
         self.transport.send(peer, wire.interest_snapshot_frame(self.local_interest.snapshot()))
+        self.retained.on_peer_up(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
@@ -166,6 +200,7 @@ class ClusterRouting:
 
     def on_outbound_down(self, peer: str, reason: str) -> None:
         log.info("peer stream down", extra={"peer": peer, "reason": reason})
+        self.retained.on_peer_down(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_disconnected()
@@ -195,6 +230,12 @@ class ClusterRouting:
         elif kind == "interest_request":
             self.transport.send(peer, wire.interest_snapshot_frame(
                 self.local_interest.snapshot()))
+        elif kind is not None and kind.startswith("retained_"):
+            self.retained.on_frame(peer, frame, inbound)
+
+    def on_retained_seen(self, event: RetainedSeen) -> None:
+        """A local client's retained publish (plugin event): the retained path takes it."""
+        self.retained.on_local(event)
 
     def _run_interest(self, actions) -> None:
         if any(isinstance(a, (LocalSubscribe, LocalUnsubscribe)) for a in actions):
@@ -217,6 +258,7 @@ class ClusterRouting:
                             extra={"count": dropped})
             for sub in self.remote.subscriptions():
                 self.fwd.subscribe(sub.filter, sub.subscription_id, sub.no_local)
+            self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
 
     @property
     def unsettled(self) -> int:
@@ -228,8 +270,20 @@ class ClusterRouting:
         wall_ms = int(time.time() * 1000)
         down = [p for p in self.queues if not self.transport.connected(p)]
         for copy in copies:
-            self._run_forward(self.forwarder.on_copy(copy, wall_ms, down))
+            actions = self.forwarder.on_copy(copy, wall_ms, down)
+            if copy.properties.user:  # the only cost for untraced messages
+                self._trace_copy(copy.properties.user, actions)
+            self._run_forward(actions)
         self._schedule_flush()
+
+    def _trace_copy(self, user: tuple[tuple[str, str], ...], actions) -> None:
+        trace = trace_id(user)
+        if trace is not None:
+            peers = sorted({a.peer for a in actions if isinstance(a, (SendEnvelope,
+                                                                      QueueEnvelope))})
+            self.tracer.record(trace, "forwarded" if peers else "not_forwarded",
+                               time.time() * 1000, ",".join(peers),
+                               "" if peers else "no peer has a matching subscription")
 
     def _run_forward(self, actions) -> None:
         now = time.monotonic()
@@ -323,6 +377,8 @@ class ClusterRouting:
         for peer, envs in self._qos0.items():
             if envs and not self.transport.send(peer, wire.batch_frame(envs)):
                 self.counters["qos0_dropped"] += len(envs)
+            elif envs:
+                self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(envs)
         self._qos0.clear()
         now = time.monotonic()
         for peer, queue in self.queues.items():
@@ -335,6 +391,7 @@ class ClusterRouting:
                     break
                 budget -= len(batch)
                 self.transport.send(peer, wire.batch_frame(m.data for m in batch))
+                self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
             if peer in self._drain_budget:
                 self._drain_budget[peer] = (budget, now)
         for peer, acks in self._acks.items():
@@ -355,6 +412,8 @@ class ClusterRouting:
 
     # ---- receiving side ----------------------------------------------------------------
     def _on_envelopes(self, peer: str, envelopes) -> None:
+        now_ms = time.time() * 1000
+        self.peer_received[peer] = self.peer_received.get(peer, 0) + len(envelopes)
         for msg in envelopes:
             self.counters["received"] += 1
             mid = MessageId(msg.origin_node, msg.origin_incarnation, msg.origin_seq)
@@ -363,18 +422,33 @@ class ClusterRouting:
                 if msg.qos:
                     self._ack_peer(peer, msg.origin_incarnation, msg.origin_seq, ACK_OK)
                 continue
+            self.hop_latency.observe(now_ms - (msg.hlc >> 16))
+            trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
             env = wire.decode_envelope(msg)
             if env.shared_group is not None:
                 asyncio.get_running_loop().create_task(self._deliver_shared(peer, env))
                 continue
             pmid = self.fwd.publish(env.topic, env.payload, env.qos, env.properties)
             self.counters["reinjected"] += 1
+            if trace is not None:
+                self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
+                if env.qos:
+                    self.tracer.expect_ack(pmid, trace)
             if env.qos:
                 self._reinjecting[pmid] = (peer, env.origin_incarnation, env.origin_seq)
         self._schedule_flush()
 
+    def _trace_received(self, peer: str, msg: peer_pb2.Envelope, now_ms: float) -> str | None:
+        trace = trace_id((p.key, p.value) for p in msg.user_properties)
+        if trace is not None:
+            self.tracer.record(trace, "received", now_ms, peer,
+                               f"{now_ms - (msg.hlc >> 16):.1f} ms after the origin stamped it")
+        return trace
+
     def _on_published(self, mids: list[int]) -> None:
-        for mid in mids:
+        if self.tracer.waiting:
+            self.tracer.on_acked(mids, time.time() * 1000)
+        for mid in self.retained.on_published(mids):
             entry = self._reinjecting.pop(mid, None)
             if entry is not None:
                 self._ack_peer(entry[0], entry[1], entry[2], ACK_OK)
@@ -428,5 +502,7 @@ class ClusterRouting:
             "skipped": self.forwarder.skipped,
             "pending_local_acks": self.forwarder.pending,
             "forwarding_subscriptions": len(self.remote.local_subscriptions()),
+            "fwd": self.fwd.stats(),
             **self.counters,
+            "retained": self.retained.status(),
         }

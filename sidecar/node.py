@@ -21,13 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sidecar.admin.auth import AuthError
+from sidecar.admin.service import AdminService
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.cluster_routing import ClusterRouting
 from sidecar.config import NodeConfig
 from sidecar.drain import drain
-from sidecar.local.events import Event, ProtocolError, Snapshot
-from sidecar.local.forward_client import ForwardClient
+from sidecar.local.events import CommandFailed, Event, ProtocolError, RetainedSeen, Snapshot
+from sidecar.local.forward_client import PROBE_TOPIC, ForwardClient
 from sidecar.local.link import LinkError, LocalLink
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.local.stream import (
@@ -39,8 +41,8 @@ from sidecar.local.stream import (
     SendAck,
 )
 from sidecar.membership.etcd import EtcdMembership
-from sidecar.membership.view import NodeRecord
 from sidecar.peering.handshake import Hello
+from sidecar.retained.service import link_reader
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
 
@@ -198,6 +200,7 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._state_dirty = True
         self._snapshot_failures = 0
+        self.admin = AdminService(self, VERSION, CRASHED_PEER_RETENTION)
 
     # ---- cores → actions ---------------------------------------------------------------
     def _on_events(self, events: list[Event]) -> None:
@@ -218,6 +221,8 @@ class Node:
             if isinstance(action, Apply):
                 self._state_dirty = True
                 self._on_interest(self.table.apply(action.event))
+                if isinstance(action.event, RetainedSeen) and self.routing is not None:
+                    self.routing.on_retained_seen(action.event)
             elif isinstance(action, LoadSnapshot):
                 self._on_interest(self.table.load_snapshot(action.snapshot))
             elif isinstance(action, SendAck):
@@ -314,6 +319,8 @@ class Node:
             self._run_actions(self.stream.on_tick(now))
             if self._crashed:
                 self._apply_peers()
+            if self.routing is not None and self.routing.fwd.wants_probe():
+                self._spawn(self._probe_forwarding())
             if self.stream.in_sync and not self.ready:
                 self.ready = True
                 self._state_dirty = True
@@ -321,6 +328,16 @@ class Node:
             if (self._state_dirty and now - last_write > 0.2) or now - last_write > 0.5:
                 last_write = now
                 self._publish_status()
+
+    async def _probe_forwarding(self) -> None:
+        """A targeted probe to the forwarding client shows copies Mosquitto dropped at the
+        tail of a burst (sidecar.local.midgaps)."""
+        assert self.link is not None
+        try:
+            await self.link.request("deliver", client=DEFAULT_SIDECAR_ID + ".fwd",
+                                    topic=PROBE_TOPIC, payload="", qos=1)
+        except (LinkError, CommandFailed) as exc:
+            log.debug("forwarding probe failed", extra={"error": str(exc)})
 
     async def _drain(self) -> None:
         """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
@@ -347,6 +364,7 @@ class Node:
         """A crashed peer (key expired, no graceful leave) stays routed for a while. Only
         remembered here: the view change that always follows (`_on_peers`) applies it."""
         now = time.monotonic()
+        self.admin.on_membership(changes)
         for change in changes:
             if change.kind == "crashed":
                 self._crashed[change.node_id] = (change.record.grpc, now)
@@ -375,8 +393,7 @@ class Node:
     async def _join(self, incarnation: int, previous: int | None) -> None:
         """Register in etcd (refused if another live node has our id) and watch the others."""
         cfg = self.config
-        record = NodeRecord(cfg.node_id, cfg["grpc"]["listen"], cfg["mqtt"]["listen"],
-                            VERSION, incarnation, time.time())
+        record = self.admin.record(incarnation)
         self.membership = EtcdMembership(cfg["membership"]["etcd"], cfg.cluster, record,
                                          cfg["membership"]["lease_ttl"],
                                          on_change=self._on_peers,
@@ -397,13 +414,19 @@ class Node:
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
                       grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"])
         socket_path = self.layout.socket_path
+        include = cfg["mqtt"]["include"]
+        max_queued = (broker_conf.read_user_settings(Path(include)).max_queued if include
+                      else broker_conf.DEFAULT_MAX_QUEUED)
+        window = broker_conf.forward_receive_maximum(max_queued)
 
         def forward_client(**callbacks) -> ForwardClient:
-            return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd", **callbacks)
+            return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd",
+                                 receive_maximum=window, max_queued=max_queued, **callbacks)
 
         return ClusterRouting(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,
-                              forward_client=forward_client, deliver=self._deliver)
+                              forward_client=forward_client, deliver=self._deliver,
+                              read_retained=link_reader(self.link))
 
     async def _deliver(self, client: str, env: Envelope) -> None:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""
@@ -416,6 +439,10 @@ class Node:
         secret = self.layout.prepare()
         cfg = self.config
         incarnation, previous = self.layout.next_incarnation()
+        try:
+            self.admin.prepare(incarnation, self._static_peers())
+        except AuthError as exc:
+            raise NodeError(str(exc)) from None
         if cfg["membership"]["mode"] == "etcd":
             # before Mosquitto: a duplicate id starts nothing
             await self._join(incarnation, previous)
@@ -429,6 +456,8 @@ class Node:
 
     async def _serve(self, secret: str, incarnation: int) -> int:
         cfg = self.config
+        # before Mosquitto: a taken port starts nothing; probes answer "not ready" meanwhile
+        await self.admin.start()
         if cfg["mqtt"]["manage"]:
             self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
             self.layout.conf_path.chmod(0o600)
@@ -464,6 +493,7 @@ class Node:
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
             self.ready = False
+            await self.admin.stop()
             if self.routing is not None:
                 await self.routing.stop()
             self.link.close()

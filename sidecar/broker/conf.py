@@ -18,6 +18,19 @@ DEFAULT_MAX_QUEUED = 10_000
 """Mosquitto's per-client queue limit when the user sets none (stock: 1000). Larger, because a
 cluster queues in bursts a single broker does not have: the sidecar's own sessions while it
 restarts, and a peer's backlog draining after an outage."""
+MAX_FORWARD_WINDOW = 16_384
+
+
+def forward_receive_maximum(max_queued: int) -> int:
+    """The Receive Maximum the forwarding client asks for, given `max_queued_messages`.
+
+    Mosquitto drops a copy for good only when the client's in-flight plus queued messages reach
+    Receive Maximum + `max_queued_messages`; packets it drops before writing them stay in
+    flight and are resent after a reconnect (sidecar.local.midgaps). Both together span less
+    than half the 65,535 packet ids, so the sidecar can tell a resend from a new copy."""
+    if max_queued <= 0:  # unlimited
+        return MAX_FORWARD_WINDOW
+    return max(20, min(MAX_FORWARD_WINDOW, 32_767 - max_queued))
 
 
 class BrokerConfigError(ValueError):
@@ -34,6 +47,7 @@ class UserSettings:
     sets_allow_anonymous: bool
     sets_log_dest: bool
     sets_max_queued: bool = False
+    max_queued: int = DEFAULT_MAX_QUEUED
 
 
 def _refuse(path: Path, lineno: int, line: str, why: str) -> BrokerConfigError:
@@ -48,6 +62,7 @@ def read_user_settings(path: Path) -> UserSettings:
         raise BrokerConfigError(f"cannot read mqtt.include {path}: {exc.strerror}") from None
     lines: list[str] = []
     external_auth = external_acl = sets_anon = sets_log_dest = sets_max_queued = False
+    max_queued = DEFAULT_MAX_QUEUED
     anonymous = True
     for lineno, line in enumerate(text.splitlines(), start=1):
         words = line.split()
@@ -77,12 +92,15 @@ def read_user_settings(path: Path) -> UserSettings:
         if key in OWNED_LOG_KEYS:
             sets_log_dest = True
         if key == "max_queued_messages":
-            sets_max_queued = True
+            if len(args) != 1 or not args[0].isdigit():
+                raise _refuse(path, lineno, line, "max_queued_messages takes one number "
+                              "(0 = unlimited)")
+            sets_max_queued, max_queued = True, int(args[0])
         lines.append(line)
     if sets_anon and not anonymous:
         external_auth = True
     return UserSettings(tuple(lines), external_auth, external_acl, sets_anon, sets_log_dest,
-                        sets_max_queued)
+                        sets_max_queued, max_queued)
 
 
 def _decide(setting: str, detected: bool) -> bool:

@@ -10,8 +10,11 @@ forwarded. No Local means it never receives its own re-injections, so nothing lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,11 +25,15 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.local.events import MessageProperties
 from sidecar.local.link import sidecar_client
+from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
 
 FORWARD_SESSION_EXPIRY = 3600
+BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
+PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
+"""Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
 
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:
@@ -71,8 +78,16 @@ class ForwardClient:
     def __init__(self, socket_path: Path, secret: str, client_id: str,
                  on_copies: Callable[[list[LocalCopy]], None],
                  on_published: Callable[[list[int]], None],
-                 on_connected: Callable[[bool], None]) -> None:
+                 on_connected: Callable[[bool], None], receive_maximum: int = 20,
+                 max_queued: int = 0) -> None:
+        """`receive_maximum`: copies Mosquitto may have in flight to us (see
+        `sidecar.broker.conf.forward_receive_maximum`); `max_queued`: Mosquitto's
+        `max_queued_messages`, named in the log when Mosquitto drops copies."""
         self.socket_path = socket_path
+        self.receive_maximum = receive_maximum
+        self.max_queued = max_queued
+        self.tracker = CopyTracker()
+        self._lost_logged = 0
         self.on_copies = on_copies
         self.on_published = on_published
         self.on_connected = on_connected
@@ -103,6 +118,8 @@ class ForwardClient:
             log.error("forwarding client refused: %s", reason_code)
             return
         assert self._loop is not None
+        with self._lock:
+            self.tracker.on_connect(bool(flags.session_present))
         self._loop.call_soon_threadsafe(self._ready.set)
         self._loop.call_soon_threadsafe(self.on_connected, bool(flags.session_present))
 
@@ -111,11 +128,27 @@ class ForwardClient:
             self._loop.call_soon_threadsafe(self._ready.clear)
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
-        props, sids = from_paho_properties(getattr(msg, "properties", None))
-        copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain), props, sids)
-        with self._lock:
-            self._copies.append(copy)
-            self._schedule()
+        if msg.topic == PROBE_TOPIC:
+            with self._lock:
+                self.tracker.on_probe(msg.mid)
+                recover = self.tracker.holding
+            client.ack(msg.mid, msg.qos)
+        else:
+            with self._lock:
+                verdict = self.tracker.on_copy(msg.mid, msg.qos, bool(msg.dup), time.monotonic())
+                recover = self.tracker.holding or self.tracker.lost > self._lost_logged
+            if verdict is Verdict.TAKE:
+                props, sids = from_paho_properties(getattr(msg, "properties", None))
+                copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
+                                 props, sids)
+                with self._lock:
+                    self._copies.append(copy)
+                    self._schedule()
+            elif verdict is Verdict.REACK:
+                client.ack(msg.mid, msg.qos)
+        if recover:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._recover)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         with self._lock:
@@ -123,6 +156,43 @@ class ForwardClient:
             self._schedule()
 
     # ---- asyncio thread ----------------------------------------------------------------
+    def _recover(self) -> None:
+        """Reconnect (the session stays), so Mosquitto resends the copies it dropped."""
+        with self._lock:
+            recover = self.tracker.should_recover(time.monotonic())
+            dropped, lost = self.tracker.dropped_seen, self.tracker.lost
+        if lost > self._lost_logged:
+            self._lost_logged = lost
+            log.error("Mosquitto discarded messages that peers subscribe to: its queue for the "
+                      "forwarding client overflowed (%d in flight + max_queued_messages %d); "
+                      "their publishers had their PUBACK. Raise max_queued_messages in the "
+                      "node's mqtt.include, or reduce the load", self.receive_maximum,
+                      self.max_queued, extra={"lost_total": lost})
+        if not recover:
+            return
+        log.warning("Mosquitto dropped packets for the forwarding client (more than "
+                    "max_queued_messages %d waiting to be written); reconnecting so it resends "
+                    "them in order", self.max_queued, extra={"dropped_total": dropped})
+        sock = self._client.socket()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # paho reconnects at once, the session stays
+
+    def wants_probe(self) -> bool:
+        """True (once per due probe) when the plugin should send a probe now."""
+        with self._lock:
+            due = self.tracker.should_probe(time.monotonic())
+        self._recover()
+        return due
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"dropped_by_mosquitto": self.tracker.dropped_seen,
+                    "lost": self.tracker.lost,
+                    "awaited": self.tracker.awaited,
+                    "recoveries": self.tracker.recoveries,
+                    "unacked": len(self.tracker.unacked)}
+
     def _flush(self) -> None:
         with self._lock:
             copies, self._copies = self._copies, []
@@ -139,6 +209,7 @@ class ForwardClient:
         self._loop = asyncio.get_running_loop()
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = FORWARD_SESSION_EXPIRY
+        props.ReceiveMaximum = self.receive_maximum
         self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=False,
                              properties=props)
         self._client.loop_start()
@@ -158,15 +229,24 @@ class ForwardClient:
     def ack(self, mid: int, qos: int) -> None:
         """Acknowledge a received copy to Mosquitto (PUBACK/PUBREC)."""
         if qos > 0:
+            with self._lock:
+                self.tracker.on_ack(mid)
             self._client.ack(mid, qos)
 
     def publish(self, topic: str, payload: bytes, qos: int,
-                properties: MessageProperties) -> int:
-        """Re-inject a forwarded message; returns the paho mid (see `on_published`)."""
+                properties: MessageProperties, retain: bool = False) -> int:
+        """Re-inject a forwarded message (`retain`: a replicated retained message); returns
+        the paho mid (see `on_published`)."""
         self.reinjected += 1
-        info = self._client.publish(topic, payload, qos=qos, retain=False,
+        info = self._client.publish(topic, payload, qos=qos, retain=retain,
                                     properties=to_paho_properties(properties))
         return info.mid
+
+    def barrier(self) -> int:
+        """A QoS 1 publish Mosquitto acknowledges and delivers to nobody (a `$CONTROL/` topic
+        without a handler): its PUBACK (`on_published`) proves every earlier publish of this
+        connection was processed. Returns its mid."""
+        return self._client.publish(BARRIER_TOPIC, b"", qos=1).mid
 
     def close(self) -> None:
         self._client.disconnect()

@@ -18,6 +18,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.local.events import (
     CommandFailed,
@@ -41,6 +42,9 @@ from sidecar.local.protocol import (
 log = logging.getLogger("mqfed.link")
 
 REPLY_TOPIC = REPLY_PREFIX + "sidecar"
+SENTINEL_TOPIC = "$mqfed/read-sentinel"
+"""A retained message the link keeps on its Mosquitto: it marks the end of a `read_retained`
+answer (`$` topics are not matched by wildcards; Mosquitto drops client publishes to `$SYS`)."""
 
 
 class LinkError(RuntimeError):
@@ -86,6 +90,9 @@ class LocalLink:
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._reading: tuple[int, dict[str, mqtt.MQTTMessage], asyncio.Future] | None = None
+        self._read_lock = asyncio.Lock()
+        self._read_id = 0
 
     # ---- paho thread -------------------------------------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -93,6 +100,7 @@ class LocalLink:
             self._refused = str(reason_code)
             return
         client.subscribe([(EVENTS_TOPIC, 1), (REPLY_TOPIC, 1)])
+        self._publish_sentinel()  # (again: a restarted Mosquitto has lost it)
         self._connections += 1
         first = self._connections == 1
         assert self._loop is not None
@@ -118,10 +126,62 @@ class LocalLink:
             elif msg.topic == REPLY_TOPIC:
                 reply = decode_reply(msg.payload)
                 self._loop.call_soon_threadsafe(self._deliver_reply, reply)
+            elif msg.retain:
+                self._on_read(msg)
         except ProtocolError as exc:
             self._loop.call_soon_threadsafe(self.on_protocol_error, exc)
 
+    def _on_read(self, msg: mqtt.MQTTMessage) -> None:
+        props = getattr(msg, "properties", None)
+        sids = getattr(props, "SubscriptionIdentifier", None) or ()
+        with self._lock:
+            if self._reading is None or self._reading[0] not in (
+                    sids if isinstance(sids, list) else [sids]):
+                return
+            _, got, done = self._reading
+            got[msg.topic] = msg
+        if msg.topic == SENTINEL_TOPIC:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
     # ---- asyncio thread ----------------------------------------------------------------
+    async def read_retained(self, topics: list[str],
+                            timeout: float = 5.0) -> dict[str, mqtt.MQTTMessage]:
+        """Mosquitto's retained message of each topic that has one. One SUBSCRIBE (QoS 0, a
+        subscription identifier of its own) to the topics and then to the sentinel, a retained
+        message this link keeps on `SENTINEL_TOPIC`: Mosquitto queues the retained messages in
+        filter order and sends them in order, so the sentinel's arrival (with that identifier)
+        means all have arrived. Then unsubscribe."""
+        async with self._read_lock:
+            assert self._loop is not None
+            self._read_id = self._read_id % 0xFFFFFFF + 1
+            got: dict[str, mqtt.MQTTMessage] = {}
+            done = self._loop.create_future()
+            with self._lock:
+                self._reading = (self._read_id, got, done)
+            props = Properties(PacketTypes.SUBSCRIBE)
+            props.SubscriptionIdentifier = self._read_id
+            filters = [*topics, SENTINEL_TOPIC]
+            try:
+                rc, _ = self._client.subscribe([(t, SubscribeOptions(qos=0)) for t in filters],
+                                               properties=props)
+                if rc != mqtt.MQTT_ERR_SUCCESS:
+                    raise LinkError(f"cannot read retained messages: {mqtt.error_string(rc)}")
+                try:
+                    await asyncio.wait_for(done, timeout)
+                except TimeoutError:
+                    self._publish_sentinel()  # a client may have deleted it
+                    raise
+            finally:
+                with self._lock:
+                    self._reading = None
+                self._client.unsubscribe(filters)
+            got.pop(SENTINEL_TOPIC, None)
+            return got
+
+    def _publish_sentinel(self) -> None:
+        self._client.publish(SENTINEL_TOPIC, b"1", qos=1, retain=True)
+
     def _flush_events(self) -> None:
         with self._lock:
             batch, self._pending_events = self._pending_events, []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -79,3 +81,34 @@ def test_receiving_sidecar_down_10s_then_backlog_drains_in_order(cluster_factory
     backlog (memory, then SQLite) drains in order, paced so the subscriber's queue on the
     receiving Mosquitto (max_queued_messages) never overflows."""
     _kill_sidecar_under_load(cluster_factory, "n2", downtime=10.0, count=5000)
+
+
+def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):
+    """The origin sidecar frozen while 15,000 QoS 1 messages are published: Mosquitto discards
+    the forwarding client's packets past max_queued_messages (10,000), keeping the messages in
+    flight; the sidecar sees the skipped packet ids, reconnects, and takes the resent copies in
+    order. Before this, about 10,300 of the 15,000 acknowledged messages arrived."""
+    cluster = cluster_factory(2)
+    count = 15_000
+    sub = Client(cluster.ports["n2"], "burst-sub")
+    assert sub.wait_connected()
+    sub.subscribe("burst/#", qos=1)
+    cluster.wait_interest("n2", "burst/#")
+    sidecar = cluster.state("n1")["pid"]
+    pub = Client(cluster.ports["n1"], "burst-pub")
+    assert pub.wait_connected()
+    os.kill(sidecar, signal.SIGSTOP)
+    try:
+        infos = [pub.client.publish("burst/x", str(i).encode(), qos=1) for i in range(count)]
+        for info in infos:
+            info.wait_for_publish(30)
+    finally:
+        os.kill(sidecar, signal.SIGCONT)
+    wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 90,
+             "every acknowledged message after the sidecar resumed")
+    _check_sequence(sub, count)
+    fwd = cluster.routing("n1")["fwd"]
+    assert fwd["dropped_by_mosquitto"] > 0 and fwd["recoveries"] > 0, fwd
+    assert fwd["lost"] == 0
+    sub.close()
+    pub.close()
