@@ -87,6 +87,7 @@ class ClusterRouting:
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
         self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
+        self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
         self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
         self._tasks: list[asyncio.Task] = []
         self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
@@ -189,6 +190,7 @@ class ClusterRouting:
     # ---- PeerHandler ---------------------------------------------------------------------
     def on_outbound_up(self, peer: str, accept: Accept) -> None:
         log.info("peer stream up", extra={"peer": peer})
+        self.on_peer_hello(accept.peer)
         self.transport.send(peer, wire.interest_snapshot_frame(self.local_interest.snapshot()))
         self.retained.on_peer_up(peer)
         queue = self.queues.get(peer)
@@ -207,7 +209,7 @@ class ClusterRouting:
             self._settle_durable(peer)
 
     def on_inbound_up(self, peer: str, accept: Accept) -> None:
-        pass
+        self.on_peer_hello(accept.peer)
 
     def on_inbound_down(self, peer: str, reason: str) -> None:
         self._acks.pop(peer, None)  # unsent acks: the peer re-sends those messages

@@ -412,7 +412,8 @@ class Node:
     def _build_routing(self, secret: str, incarnation: int) -> ClusterRouting:
         cfg = self.config
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
-                      grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"])
+                      grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"],
+                      admin_address=cfg["admin"]["listen"])
         socket_path = self.layout.socket_path
         include = cfg["mqtt"]["include"]
         max_queued = (broker_conf.read_user_settings(Path(include)).max_queued if include
@@ -474,6 +475,7 @@ class Node:
         # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
         snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
         self.routing = self._build_routing(secret, incarnation)
+        self.routing.on_peer_hello = self.admin.on_peer_hello
         await self.routing.start(self._peers)
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))

@@ -39,10 +39,17 @@ class Directory:
         self._entries: dict[str, Entry] = {me.node_id: Entry(me, "up", me.started_at)}
 
     def add_static(self, peers: dict[str, str], now: float) -> None:
-        """Static membership: peers by gRPC address; their admin addresses are unknown."""
+        """Static membership: peers by gRPC address; their admin addresses come from their
+        handshakes (`learn_admin`)."""
         for node, grpc in peers.items():
             if node != self.me.node_id:
                 self._entries[node] = Entry(NodeRecord(node, grpc, "", "", 0, 0.0), "up", now)
+
+    def learn_admin(self, node: str, admin: str) -> None:
+        """A peer's handshake named its admin address: fill it in where membership had none."""
+        entry = self._entries.get(node)
+        if entry is not None and admin and not entry.record.admin:
+            self._entries[node] = replace(entry, record=replace(entry.record, admin=admin))
 
     def on_events(self, changes: Iterable[Change], now: float) -> None:
         for change in changes:

@@ -19,6 +19,7 @@ from sidecar.membership.view import Change, NodeRecord
 from sidecar.observability.collector import NodeCollector
 from sidecar.observability.health import HealthFacts
 from sidecar.observability.http import MetricsServer
+from sidecar.peering.handshake import Hello
 
 if TYPE_CHECKING:
     from sidecar.node import Node
@@ -54,6 +55,12 @@ class AdminService:
         self.policy, self.token = self._policy()  # a bad token file fails the start here
         self.directory = Directory(self.record(incarnation), self.crashed_retention)
         self.directory.add_static(static_peers, time.time())
+
+    def on_peer_hello(self, hello: Hello) -> None:
+        """A peer's stream came up: its handshake tells its admin address (all static
+        membership has of it)."""
+        if self.directory is not None:
+            self.directory.learn_admin(hello.node_id, hello.admin_address)
 
     def on_membership(self, changes: list[Change]) -> None:
         if self.directory is not None:

@@ -58,6 +58,7 @@ class Hello:
     incarnation: int
     grpc_address: str = ""
     mqtt_address: str = ""
+    admin_address: str = ""
     protocol_major: int = PROTOCOL_MAJOR
     protocol_minor: int = PROTOCOL_MINOR
     capabilities: frozenset[str] = field(default=CAPABILITIES)

@@ -60,6 +60,7 @@ def hello_from(msg: peer_pb2.Hello | peer_pb2.Welcome) -> Hello:
         incarnation=msg.incarnation,
         grpc_address=msg.grpc_address,
         mqtt_address=msg.mqtt_address,
+        admin_address=msg.admin_address,
         protocol_major=msg.protocol_major,
         protocol_minor=msg.protocol_minor,
         capabilities=frozenset(msg.capabilities),
@@ -76,6 +77,7 @@ def _fields(hello: Hello) -> dict:
         "incarnation": hello.incarnation,
         "grpc_address": hello.grpc_address,
         "mqtt_address": hello.mqtt_address,
+        "admin_address": hello.admin_address,
     }
 
 

@@ -1,5 +1,5 @@
 """The admin listeners of one real `mqfed node` (static membership): development mode, the
-start-up refusals, and a static peer whose admin address is unknown."""
+start-up refusals, a static peer whose admin address is unknown, and static peers that learn it."""
 
 from __future__ import annotations
 
@@ -55,3 +55,24 @@ def test_bad_admin_settings_start_nothing(tmp_path) -> None:
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2 and "admin token file" in r.stderr, r.stderr
     assert not (tmp_path / "e2" / "mosquitto.pid").exists()
+
+
+def test_static_peers_learn_each_others_admin_address_from_the_handshake(nodes, tmp_path):
+    """Static membership has no registry of admin addresses: the peer handshake carries them,
+    so a cluster-wide call on a static cluster gets every node's answer."""
+    first = node_config(tmp_path, "s1", admin={"dev_mode": True})
+    second = node_config(tmp_path, "s2", admin={"dev_mode": True})
+    first["membership"] = {"mode": "static", "peers": [f"s2@{second['grpc']['listen']}"]}
+    second["membership"] = {"mode": "static", "peers": [f"s1@{first['grpc']['listen']}"]}
+    nodes.start(first)
+    two = nodes.start(second)
+    two.wait(lambda s: (s.get("routing") or {}).get("peers", {}).get("s1", {}).get(
+        "outbound", {}).get("state") == "up", "s2's stream to s1 up", timeout=20)
+    admin = first["admin"]["listen"]
+    r = _ctl(admin, "--json", "nodes")
+    assert r.returncode == 0, r.stderr
+    assert {n["node_id"]: n["admin"] for n in json.loads(r.stdout)["nodes"]} == {
+        "s1": admin, "s2": second["admin"]["listen"]}
+    r = _ctl(admin, "--json", "clients")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["missing"] == []
