@@ -10,6 +10,7 @@ import time
 from tests.cluster.conftest import mqfed
 from tests.harness.procs import wait_for
 from tests.node.mqtt import Client
+from tests.routing.traffic import check_sequence
 
 
 def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
@@ -29,16 +30,7 @@ def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threadi
 
 
 def _check_sequence(sub: Client, count: int) -> None:
-    seen = [int(m.payload) for m in sub.messages]
-    missing = sorted(set(range(count)) - set(seen))
-    assert not missing, f"lost {len(missing)} messages, first {missing[:10]}"
-    firsts: list[int] = []
-    known: set[int] = set()
-    for value in seen:
-        if value not in known:
-            known.add(value)
-            firsts.append(value)
-    assert firsts == sorted(firsts), "per-publisher order broken"
+    check_sequence([int(m.payload) for m in sub.messages], count)
 
 
 def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0,

@@ -50,6 +50,31 @@ def _new_live_messages(sub: Client, count: int, timeout: float = 15.0) -> None:
     wait_for(lambda: len(sub.messages) >= count, timeout, f"{count} messages at {sub}")
 
 
+def _restart_n3_and_publish_from_it(cluster, prefix: str) -> Client:
+    """n3 back (`start-node`): a new subscriber there gets the live stream, and a message
+    published on n3 goes out. Returns the new subscriber."""
+    assert mqfed("start-node", "--run-dir", str(cluster.run_dir), "n3").returncode == 0
+    cluster.wait_meshed()
+    sub = _subscriber(cluster, "n3", f"{prefix}-sub3b", f"{prefix}/#")
+    _new_live_messages(sub, 100)
+    pub = Client(cluster.ports["n3"], f"{prefix}-pub3")
+    assert pub.wait_connected()
+    pub.publish(f"{prefix}/from3", b"7", qos=1)
+    pub.close()
+    return sub
+
+
+def _check_after_return(prefix: str, sent: int, sub2: Client, sub3b: Client) -> None:
+    """n2 got the whole steady stream in order, n3's new subscriber an unbroken run up to its
+    end, and n2 the message published on n3."""
+    steady = f"{prefix}/steady"
+    wait_for(lambda: len(set(values(sub2, steady))) >= sent, 20, "the steady stream at n2")
+    check_sequence(values(sub2, steady), sent)
+    wait_for(lambda: values(sub3b, steady)[-1:] == [sent - 1], 20, "stream's end at n3")
+    check_contiguous(values(sub3b, steady))
+    wait_for(lambda: values(sub2, f"{prefix}/from3") == [7], 10, "n3's message at n2")
+
+
 def test_node_added_under_traffic_routes_both_ways_and_loses_nothing(cluster_factory):
     cluster = cluster_factory(3)
     sub2 = _subscriber(cluster, "n2", "add-sub2", "t/#")
@@ -102,21 +127,10 @@ def test_graceful_leave_under_traffic_disconnects_cleanly_then_returns(cluster_f
         assert "n3" not in cluster.state("n1").get("peers", {})
         assert "n3" not in _etcd_keys(cluster)
         _new_live_messages(sub2, len(sub2.messages) + 100)  # the others kept routing
-        assert mqfed("start-node", "--run-dir", str(cluster.run_dir), "n3").returncode == 0
-        cluster.wait_meshed()
-        sub3b = _subscriber(cluster, "n3", "leave-sub3b", "g/#")
-        _new_live_messages(sub3b, 100)
-        pub3 = Client(cluster.ports["n3"], "leave-pub3")
-        assert pub3.wait_connected()
-        pub3.publish("g/from3", b"7", qos=1)
-        pub3.close()
+        sub3b = _restart_n3_and_publish_from_it(cluster, "g")
     finally:
         sent = pub.stop()
-    wait_for(lambda: len(set(values(sub2, "g/steady"))) >= sent, 20, "the steady stream at n2")
-    check_sequence(values(sub2, "g/steady"), sent)
-    wait_for(lambda: values(sub3b, "g/steady")[-1:] == [sent - 1], 20, "stream's end at n3")
-    check_contiguous(values(sub3b, "g/steady"))
-    wait_for(lambda: values(sub2, "g/from3") == [7], 10, "n3's message at n2")
+    _check_after_return("g", sent, sub2, sub3b)
     sub2.close()
     sub3b.close()
 
@@ -138,22 +152,11 @@ def test_whole_node_killed_under_traffic_returns_and_resyncs(cluster_factory):
         wait_for(lambda: cluster.routing("n1").get("queues", {}).get("n3", {}).get(
             "count", 0) > 0, 10, "n1 queues n3's messages while it is away")
         _new_live_messages(sub2, len(sub2.messages) + 100)
-        assert mqfed("start-node", "--run-dir", str(cluster.run_dir), "n3").returncode == 0
-        cluster.wait_meshed()
+        sub3b = _restart_n3_and_publish_from_it(cluster, "k")
         assert cluster.routing("n3")["incarnation"] > old_incarnation
-        sub3b = _subscriber(cluster, "n3", "kill-sub3b", "k/#")
-        _new_live_messages(sub3b, 100)
-        pub3 = Client(cluster.ports["n3"], "kill-pub3")
-        assert pub3.wait_connected()
-        pub3.publish("k/from3", b"9", qos=1)
-        pub3.close()
     finally:
         sent = pub.stop()
-    wait_for(lambda: len(set(values(sub2, "k/steady"))) >= sent, 20, "the steady stream at n2")
-    check_sequence(values(sub2, "k/steady"), sent)
-    wait_for(lambda: values(sub3b, "k/steady")[-1:] == [sent - 1], 20, "stream's end at n3")
-    check_contiguous(values(sub3b, "k/steady"))
-    wait_for(lambda: values(sub2, "k/from3") == [9], 10, "n3's message at n2")
+    _check_after_return("k", sent, sub2, sub3b)
     wait_for(lambda: cluster.routing("n1")["queues"]["n3"]["count"] == 0, 20,
              "n1's queue for n3 drained to its new incarnation")
     sub2.close()
