@@ -115,5 +115,8 @@ fi
 stage_context
 build_target etcd "mqfed/etcd:$TAG"
 build_target haproxy "mqfed/haproxy:$TAG"
+build_target build "mqfed/build:$TAG"  # tagged, so its cache survives the clean-up below
 build_target node "mqfed/node:$TAG"
+# each rebuild leaves the previous images untagged: drop those of ours, nothing else
+docker image prune -f --filter "label=org.mqfed.build=1" > /dev/null
 say "done in $(( $(date +%s) - started ))s: mqfed/node:$TAG mqfed/etcd:$TAG mqfed/haproxy:$TAG"
