@@ -433,7 +433,8 @@ class Node:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""
         assert self.link is not None
         await self.link.request("deliver", client=client, topic=env.topic, payload=env.payload,
-                                qos=env.qos, properties=env.properties)
+                                qos=env.qos, properties=env.properties,
+                                subscription=f"$share/{env.shared_group}/{env.shared_filter}")
 
     async def run(self) -> int:
         """Start everything, serve until `stop()`, then shut down. Returns an exit code."""

@@ -191,6 +191,7 @@ def test_partitioned_node_keeps_serving_and_routing_resumes_after(cluster: Clust
             for p in payloads:
                 pub.publish(f"{topic}/local-{side}", p, qos=1)
             fresh.wait_count(20, timeout=10, topic=f"{topic}/local-{side}")
+            sub.wait_count(20, timeout=10, topic=f"{topic}/local-{side}")
             assert payloads <= _payloads(fresh, f"{topic}/local-{side}"), \
                 f"{side} did not serve its clients during the partition"
             assert payloads <= _payloads(sub, f"{topic}/local-{side}")

@@ -53,6 +53,24 @@ def test_deliver_to_offline_session_is_queued(broker, sidecar, client_factory):
     assert msg and msg[0].payload == b"later"
 
 
+def test_deliver_for_a_subscription_the_client_left_is_refused(broker, sidecar, client_factory):
+    """A shared group's pick made before the member's UNSUBSCRIBE is not delivered after it."""
+    member = client_factory("member")
+    member.connect()
+    member.subscribe("$share/g/jobs/#", 1)
+    sidecar.wait_type("subscribe", client="member")
+    ok = sidecar.call("deliver", client="member", topic="jobs/1", payload=b64(b"1"), qos=1,
+                      subscription="$share/g/jobs/#")
+    assert ok["ok"] is True
+    assert member.wait_messages(lambda m: m.topic == "jobs/1")
+    member.unsubscribe("$share/g/jobs/#")
+    refused = sidecar.call("deliver", client="member", topic="jobs/2", payload=b64(b"2"), qos=1,
+                           subscription="$share/g/jobs/#")
+    assert refused["ok"] is False and refused["error"] == "not_subscribed"
+    time.sleep(0.3)
+    assert not [m for m in member.messages if m.topic == "jobs/2"]
+
+
 def test_deliver_errors(broker, sidecar, client_factory):
     assert sidecar.call("deliver", client="nobody", topic="t", payload="", qos=0)["error"] == (
         "unknown_client")

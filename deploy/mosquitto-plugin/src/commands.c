@@ -196,6 +196,8 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 	const char *client = get_str(req, "client");
 	const char *topic = get_str(req, "topic");
 	const char *payload = get_str(req, "payload");
+	const char *subscription = get_str(req, "subscription");
+	struct sub *s = NULL;
 	uint64_t qos;
 	unsigned char *buf = NULL;
 	size_t len = 0;
@@ -215,6 +217,15 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 	if(c == NULL && !(g.fwd != NULL && streq(client, g.fwd_id))){
 		reply_error(rq, "unknown_client");
 		return;
+	}
+	/* a delivery for a subscription (a shared group's pick) is refused once the client has
+	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it */
+	if(subscription != NULL){
+		if(c != NULL) HASH_FIND_STR(c->subs, subscription, s);
+		if(s == NULL){
+			reply_error(rq, "not_subscribed");
+			return;
+		}
 	}
 	if(b64_decode(payload, &buf, &len) || len > INT32_MAX){
 		free(buf);
