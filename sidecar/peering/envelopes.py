@@ -57,17 +57,25 @@ def batch_frame(envelopes: Iterable[bytes]) -> bytes:
     return _field(_FRAME_MESSAGE_BATCH, inner)
 
 
-def decode_envelope(msg: peer_pb2.Envelope) -> Envelope:
-    """A received protobuf envelope as the cores' `Envelope`."""
+def properties_from(msg: peer_pb2.Envelope | peer_pb2.RetainedEntry,
+                    with_expiry: bool = True) -> MessageProperties:
+    """The MQTT v5 properties a received Envelope or RetainedEntry carries (the expiry left
+    out where the caller computes its own)."""
     has = msg.HasField
-    props = MessageProperties(
+    return MessageProperties(
         user=tuple((p.key, p.value) for p in msg.user_properties),
         content_type=msg.content_type if has("content_type") else None,
         payload_format=msg.payload_format_indicator if has("payload_format_indicator") else None,
         correlation_data=msg.correlation_data if has("correlation_data") else None,
         response_topic=msg.response_topic if has("response_topic") else None,
-        message_expiry=msg.message_expiry if has("message_expiry") else None,
+        message_expiry=msg.message_expiry if with_expiry and has("message_expiry") else None,
     )
+
+
+def decode_envelope(msg: peer_pb2.Envelope) -> Envelope:
+    """A received protobuf envelope as the cores' `Envelope`."""
+    props = properties_from(msg)
+    has = msg.HasField
     return Envelope(
         msg.origin_node, msg.origin_incarnation, msg.origin_seq, msg.hlc, msg.topic,
         msg.payload, msg.qos, msg.retain, props,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from sidecar._proto import peer_pb2
-from sidecar.local.events import MessageProperties
+from sidecar.peering.envelopes import properties_from
 from sidecar.retained.entry import RetainedEntry, Version
 
 CHUNK_ENTRIES = 500
@@ -38,15 +38,8 @@ def entry_from_proto(msg: peer_pb2.RetainedEntry, now_ms: int) -> RetainedEntry:
     """A received entry; its expiry counts from `now_ms` (the time it arrived)."""
     if msg.deleted or msg.expired:
         return RetainedEntry(msg.topic, msg.hlc, msg.origin_node, qos=msg.qos, deleted=True)
-    has = msg.HasField
-    props = MessageProperties(
-        user=tuple((p.key, p.value) for p in msg.user_properties),
-        content_type=msg.content_type if has("content_type") else None,
-        payload_format=msg.payload_format_indicator if has("payload_format_indicator") else None,
-        correlation_data=msg.correlation_data if has("correlation_data") else None,
-        response_topic=msg.response_topic if has("response_topic") else None,
-    )
-    expires = now_ms + msg.message_expiry * 1000 if has("message_expiry") else None
+    props = properties_from(msg, with_expiry=False)
+    expires = now_ms + msg.message_expiry * 1000 if msg.HasField("message_expiry") else None
     return RetainedEntry(msg.topic, msg.hlc, msg.origin_node, msg.payload, msg.qos, props,
                          expires_at_ms=expires)
 
