@@ -120,11 +120,13 @@ class ClusterRouting:
         tmp.write_text(json.dumps(self.remote.export()))
         tmp.replace(self.state_path)
 
-    async def start(self, peers: Mapping[str, str]) -> None:
+    async def start(self, peers: Callable[[], Mapping[str, str]]) -> None:
+        """Listen, then dial the membership view `peers()` returns *after* the listener is up
+        (the view may change while it starts), then connect the forwarding client."""
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         await self.transport.start()
         self._apply_blocked()
-        self.set_peers(peers)  # queues exist before redelivered copies arrive
+        self.set_peers(peers())  # queues exist before redelivered copies arrive
         self.retained.start()
         await self.fwd.connect()
         self._tasks.append(asyncio.create_task(self._persist_loop()))

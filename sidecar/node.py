@@ -477,7 +477,7 @@ class Node:
         snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
         self.routing = self._build_routing(secret, incarnation)
         self.routing.on_peer_hello = self.admin.on_peer_hello
-        await self.routing.start(self._peers)
+        await self.routing.start(lambda: self._peers)  # the view as it is then
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))
         background = [asyncio.create_task(self._ticker())]

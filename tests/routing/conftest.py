@@ -35,16 +35,22 @@ class Cluster:
         """Every node's outbound stream to every other node is up."""
         ids = list(self.ports)
 
-        def meshed() -> bool:
+        def missing() -> list[str]:
+            out = []
             for node in ids:
                 peers = self.routing(node).get("peers", {})
                 for other in ids:
-                    if other != node and peers.get(other, {}).get("outbound", {}).get(
-                            "state") != "up":
-                        return False
-            return True
+                    peer = peers.get(other, {})
+                    state = peer.get("outbound", {}).get("state")
+                    if other != node and state != "up":
+                        out.append(f"{node}->{other} {state or 'unknown to the transport'}"
+                                   f" ({peer.get('last_error')})")
+            return out
 
-        wait_for(meshed, timeout, "all peer streams up")
+        try:
+            wait_for(lambda: not missing(), timeout, "all peer streams up")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; not up: {'; '.join(missing())}") from None
 
     def wait_interest(self, node: str, filt: str, timeout: float = 10.0) -> None:
         """Every other node subscribes `filt` on its Mosquitto for `node`'s clients."""
