@@ -44,6 +44,16 @@ def wait_route(pub: Client, sub: Client, topic: str, timeout: float = 45.0) -> f
     raise AssertionError(f"no message on {topic} reached the subscriber in {timeout:.0f}s")
 
 
+def _routing_summary(state: dict) -> dict:
+    """Per peer: stream states and last error; plus the interest this node holds."""
+    routing = state.get("routing") or {}
+    peers = {p: (v.get("outbound", {}).get("state"), v.get("inbound", {}).get("state"),
+                 v.get("last_error")) for p, v in (routing.get("peers") or {}).items()}
+    return {"pid": state.get("pid"), "peers": peers, "interest": len(state.get("interest") or []),
+            "forwarding_subscriptions": routing.get("forwarding_subscriptions"),
+            "forwarded": routing.get("forwarded"), "received": routing.get("received")}
+
+
 def _node_of(cluster: Cluster, client_id: str) -> str:
     for name, node in cluster.nodes.items():
         if client_id in (node.state().get("sessions") or {}):
@@ -261,7 +271,11 @@ def test_crashed_sidecar_restarts_in_its_container_and_clients_stay_connected(cl
             f"the sidecar did not come back: {after.get('pid')}, ready {after.get('ready')}"
         assert after["mosquitto_pid"] == before["mosquitto_pid"], "Mosquitto was restarted"
         assert sub.client.is_connected(), "the sidecar's crash disconnected a client"
-        wait_route(pub, sub, f"{topic}/after", timeout=30)
+        try:
+            wait_route(pub, sub, f"{topic}/after", timeout=30)
+        except AssertionError as exc:  # name what was not up (this test failed once in CI)
+            raise AssertionError(f"{exc}; n1: {_routing_summary(n1.state())};"
+                                 f" n2: {_routing_summary(n2.state())}") from None
     finally:
         sub.close()
         pub.close()
