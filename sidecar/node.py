@@ -8,6 +8,7 @@ cores return, and publishes the node's status file (`<run_dir>/state.json`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -42,6 +43,7 @@ from sidecar.local.stream import (
 )
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.peering.handshake import Hello
+from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
@@ -436,6 +438,40 @@ class Node:
                                 qos=env.qos, properties=env.properties,
                                 subscription=f"$share/{env.shared_group}/{env.shared_filter}")
 
+    async def _connect(self, secret: str, incarnation: int) -> Snapshot:
+        """Link to the plugin, then start routing (after Mosquitto is up); returns the
+        plugin's first snapshot."""
+        cfg = self.config
+        self.link = LocalLink(
+            self.layout.socket_path, secret, on_events=self._on_events,
+            on_reconnect=lambda: self._run_actions(self.stream.on_link_reconnected()),
+            on_protocol_error=self._on_protocol_error,
+        )
+        await self.link.connect(cfg["mqtt"]["link_timeout"])
+        # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
+        snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
+        self.routing = self._build_routing(secret, incarnation)
+        self.routing.on_peer_hello = self.admin.on_peer_hello
+        try:
+            await self.routing.start(lambda: self._peers)  # the view as it is then
+        except PeerTransportError as exc:
+            raise NodeError(str(exc)) from None
+        return snapshot
+
+    async def _abandon_start(self) -> None:
+        """Start-up failed after Mosquitto was up: undo what started, and stop the Mosquitto
+        this process spawned (one it adopted keeps serving its clients until we return)."""
+        if self.routing is not None:
+            with contextlib.suppress(Exception):
+                await self.routing.stop()
+        if self.link is not None:
+            self.link.close()
+        with contextlib.suppress(Exception):
+            await self.admin.stop()
+        if self.broker is not None and not self.broker.adopted:
+            await self.broker.stop()
+            self.layout.remove_fallback_socket_dir()
+
     async def run(self) -> int:
         """Start everything, serve until `stop()`, then shut down. Returns an exit code."""
         secret = self.layout.prepare()
@@ -467,17 +503,11 @@ class Node:
             self.broker = MosquittoProcess(cfg["mqtt"]["mosquitto"], self.layout.conf_path,
                                            self.layout.socket_path, self.layout.run_dir)
             await self.broker.start()
-        self.link = LocalLink(
-            self.layout.socket_path, secret, on_events=self._on_events,
-            on_reconnect=lambda: self._run_actions(self.stream.on_link_reconnected()),
-            on_protocol_error=self._on_protocol_error,
-        )
-        await self.link.connect(cfg["mqtt"]["link_timeout"])
-        # a first snapshot proves the plugin answers (a missing plugin fails loudly here)
-        snapshot = await self.link.snapshot(timeout=cfg["mqtt"]["link_timeout"])
-        self.routing = self._build_routing(secret, incarnation)
-        self.routing.on_peer_hello = self.admin.on_peer_hello
-        await self.routing.start(lambda: self._peers)  # the view as it is then
+        try:
+            snapshot = await self._connect(secret, incarnation)
+        except BaseException:
+            await self._abandon_start()
+            raise
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))
         background = [asyncio.create_task(self._ticker())]

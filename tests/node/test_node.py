@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
+from sidecar.cluster.procs import find
 from sidecar.node import NodeLayout
 from sidecar.procinfo import pid_alive
 from tests.harness.procs import free_port, wait_for
@@ -150,6 +152,24 @@ def test_plugin_not_loaded_fails_loudly(procs, tmp_path):
     finally:
         procs.stop_all()
         layout.remove_fallback_socket_dir()
+
+
+def test_taken_peer_port_fails_cleanly_and_stops_its_mosquitto(nodes, tmp_path):
+    """The gRPC listen address is only tried after Mosquitto started: a taken one exits 2
+    with what to do, and the Mosquitto this start spawned does not outlive it."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        node = nodes.start(node_config(tmp_path, grpc={"listen": f"127.0.0.1:{taken}"}),
+                           wait_ready=False)
+        wait_for(lambda: not node.proc.alive(), 30, "the node to give up")
+    out = node.proc.log_text()
+    assert node.proc.popen.returncode == 2, out
+    assert f"cannot listen for peers on 127.0.0.1:{taken}" in out and "Traceback" not in out
+    assert (node.run_dir / "mosquitto.pid").exists() or "mosquitto" in (
+        node.run_dir / "mosquitto.log").read_text(), "Mosquitto was never started"
+    assert not find(str(node.run_dir / "mosquitto.conf")), "its Mosquitto still runs"
 
 
 def test_user_settings_are_included_and_preserved(nodes, tmp_path, readable_dir):
