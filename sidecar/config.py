@@ -85,9 +85,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "grpc": {
         "listen": Key(str, "127.0.0.1:7001", _address, "peer gRPC listener"),
+        "advertise": Key(str, "", _optional_address, "HOST:PORT peers dial (default: listen;"
+                         " required when listen is a wildcard such as 0.0.0.0)"),
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
+        "advertise": Key(str, "", _optional_address, "HOST:PORT other nodes and `mqfed ctl`"
+                         " fan-out dial (default: listen; required for a wildcard listen)"),
         "metrics": Key(str, "127.0.0.1:9101", _optional_address,
                        "Prometheus /metrics, /healthz and /readyz listener ('' for none)"),
         "token": Key(str, "", None, "bearer token admin calls must carry"),
@@ -126,6 +130,11 @@ class NodeConfig:
     @property
     def cluster(self) -> str:
         return self.values["node"]["cluster"]
+
+    def advertised(self, section: str) -> str:
+        """The address other nodes dial for `section` ("grpc" or "admin"): its `advertise`
+        key, else its `listen` (never a wildcard: `build_config` refuses that)."""
+        return self.values[section]["advertise"] or self.values[section]["listen"]
 
 
 def _coerce(where: str, key: Key, value: Any) -> Any:
@@ -211,6 +220,8 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
     run_dir = Path(values["node"]["run_dir"] or f"run/{values['node']['id']}")
     run_dir = run_dir if run_dir.is_absolute() else (base / run_dir)
     _check_admin(values["admin"], where_file)
+    for section in ("grpc", "admin"):
+        _check_advertised(section, values[section], where_file)
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file")):
         path = values[section][name]
         if path and not Path(path).is_absolute():
@@ -238,6 +249,23 @@ def _check_admin(admin: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: admin.dev_mode accepts admin calls without a token and is "
                           f"allowed only on a loopback admin.listen (127.0.0.1, ::1, "
                           f"localhost), got {admin['listen']!r}")
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "*", "")
+
+
+def _check_advertised(section: str, body: Mapping[str, Any], where: str) -> None:
+    """Other nodes dial what a node registers: a wildcard cannot be dialled."""
+    if body["advertise"]:
+        if body["advertise"].rpartition(":")[0] in WILDCARD_HOSTS:
+            raise ConfigError(f"{where}: {section}.advertise {body['advertise']!r} is a wildcard;"
+                              f" set the host name or IP address other nodes reach this one at")
+        return
+    if body["listen"].rpartition(":")[0] in WILDCARD_HOSTS:
+        raise ConfigError(
+            f"{where}: {section}.listen {body['listen']!r} binds every interface, but other"
+            f" nodes need an address to dial: set {section}.advertise = \"HOST:PORT\""
+            f" (or MQFED_{section.upper()}_ADVERTISE) to this node's reachable name or IP")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> NodeConfig:

@@ -414,8 +414,8 @@ class Node:
     def _build_routing(self, secret: str, incarnation: int) -> ClusterRouting:
         cfg = self.config
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
-                      grpc_address=cfg["grpc"]["listen"], mqtt_address=cfg["mqtt"]["listen"],
-                      admin_address=cfg["admin"]["listen"])
+                      grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
+                      admin_address=cfg.advertised("admin"))
         socket_path = self.layout.socket_path
         include = cfg["mqtt"]["include"]
         max_queued = (broker_conf.read_user_settings(Path(include)).max_queued if include

@@ -46,9 +46,9 @@ class AdminService:
     def record(self, incarnation: int) -> NodeRecord:
         """This node's membership record (what etcd holds), with the admin address."""
         cfg = self.node.config
-        return NodeRecord(cfg.node_id, cfg["grpc"]["listen"], cfg["mqtt"]["listen"],
+        return NodeRecord(cfg.node_id, cfg.advertised("grpc"), cfg["mqtt"]["listen"],
                           self.version, incarnation, self.node.started_at,
-                          admin=cfg["admin"]["listen"])
+                          admin=cfg.advertised("admin"))
 
     def prepare(self, incarnation: int, static_peers: dict[str, str]) -> None:
         """Before membership starts: the directory, seeded with the static peers if any."""

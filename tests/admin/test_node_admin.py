@@ -76,3 +76,31 @@ def test_static_peers_learn_each_others_admin_address_from_the_handshake(nodes, 
     r = _ctl(admin, "--json", "clients")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["missing"] == []
+
+
+def test_wildcard_listeners_register_their_advertised_addresses(nodes, tmp_path):
+    """gRPC and admin bound to 0.0.0.0: peers dial, and the fan-out reaches, the advertised
+    addresses (what a node in a container or VM with several interfaces needs)."""
+    values = {}
+    for node in ("w1", "w2"):
+        grpc, admin = free_port(), free_port()
+        values[node] = node_config(
+            tmp_path, node,
+            grpc={"listen": f"0.0.0.0:{grpc}", "advertise": f"127.0.0.1:{grpc}"},
+            admin={"listen": f"0.0.0.0:{admin}", "advertise": f"127.0.0.1:{admin}",
+                   "token": "t0ken"})
+    values["w1"]["membership"] = {"mode": "static",
+                                  "peers": [f"w2@{values['w2']['grpc']['advertise']}"]}
+    values["w2"]["membership"] = {"mode": "static",
+                                  "peers": [f"w1@{values['w1']['grpc']['advertise']}"]}
+    nodes.start(values["w1"])
+    two = nodes.start(values["w2"])
+    two.wait(lambda s: (s.get("routing") or {}).get("peers", {}).get("w1", {}).get(
+        "outbound", {}).get("state") == "up", "w2's stream to w1 up", timeout=20)
+    env = {"PATH": "/usr/bin:/bin", "MQFED_ADMIN_TOKEN": "t0ken", "MQFED_ADMIN_TOKEN_FILE": ""}
+    r = subprocess.run([sys.executable, "-m", "sidecar.cli", "ctl", "--node",
+                        values["w1"]["admin"]["advertise"], "--json", "nodes"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    assert {n["node_id"]: n["admin"] for n in json.loads(r.stdout)["nodes"]} == {
+        n: values[n]["admin"]["advertise"] for n in ("w1", "w2")}

@@ -66,3 +66,16 @@ def test_unreadable_files(tmp_path: Path):
     bad.write_text("[node\nid=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad, env={})
+
+
+def test_a_wildcard_listen_needs_an_advertised_address():
+    """Other nodes dial what a node registers; 0.0.0.0 cannot be dialled."""
+    with pytest.raises(ConfigError, match=r"grpc.listen '0.0.0.0:7001' binds every interface.*"
+                                          r"grpc.advertise"):
+        build_config({"node": {"id": "n1"}, "grpc": {"listen": "0.0.0.0:7001"}}, env={})
+    with pytest.raises(ConfigError, match=r"admin.advertise '\[::\]:7101' is a wildcard"):
+        build_config({"node": {"id": "n1"}, "admin": {"advertise": "[::]:7101"}}, env={})
+    cfg = build_config({"node": {"id": "n1"}, "grpc": {"listen": "0.0.0.0:7001"}},
+                       env={"MQFED_GRPC_ADVERTISE": "n1.example:7001"})
+    assert cfg.advertised("grpc") == "n1.example:7001"
+    assert cfg.advertised("admin") == cfg["admin"]["listen"] == "127.0.0.1:7101"
