@@ -28,7 +28,7 @@ from sidecar.peering.handshake import Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.transport import PeerTransport
-from sidecar.retained.service import ReadRetained, RetainedService
+from sidecar.retained.service import TOMBSTONE_GRACE, ReadRetained, RetainedService
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -66,7 +66,8 @@ class ClusterRouting:
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
                  forward_client: Callable[..., ForwardClient],
                  deliver: Callable[[str, Envelope], Any],
-                 read_retained: ReadRetained | None = None) -> None:
+                 read_retained: ReadRetained | None = None,
+                 tombstone_grace: float = TOMBSTONE_GRACE) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -102,7 +103,8 @@ class ClusterRouting:
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
-                                        self.fwd, lambda: list(self.queues), read_retained)
+                                        self.fwd, lambda: list(self.queues), read_retained,
+                                        tombstone_grace)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def _restore(self) -> None:

@@ -105,6 +105,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "peers": Key(list, [], None, "static peers as ID@HOST:PORT (gRPC)"),
         "lease_ttl": Key(int, 5, _positive, "etcd lease TTL in seconds"),
     },
+    "retained": {
+        "tombstone_grace": Key(float, 86400.0, _positive, "seconds deleted and expired retained"
+                               " messages are remembered (longer than any outage or partition a"
+                               " node may come back from)"),
+    },
     "log": {
         "level": Key(str, "warning", _one_of("debug", "info", "warning", "error"), "log level"),
         "format": Key(str, "json", _one_of("json", "text"), "log line format"),

@@ -429,7 +429,8 @@ class Node:
         return ClusterRouting(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,
                               forward_client=forward_client, deliver=self._deliver,
-                              read_retained=link_reader(self.link))
+                              read_retained=link_reader(self.link),
+                              tombstone_grace=cfg["retained"]["tombstone_grace"])
 
     async def _deliver(self, client: str, env: Envelope) -> None:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""

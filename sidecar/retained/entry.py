@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from sidecar.hlc import LOGICAL_BITS
 from sidecar.local.events import MessageProperties
 
 BUCKETS = 256
@@ -52,6 +53,15 @@ class RetainedEntry:
         """The same version without its value (an expired message is sent like this)."""
         return replace(self, payload=b"", deleted=True, properties=MessageProperties(),
                        expires_at_ms=None)
+
+
+def dead_before(entry: RetainedEntry, horizon_ms: int) -> bool:
+    """Whether `entry` holds no value since before `horizon_ms` (wall ms): a tombstone written
+    then (HLC time), or a message expired then. Such entries can be forgotten once every node
+    has them; a copy older than the horizon is no longer accepted."""
+    if entry.deleted:
+        return entry.hlc >> LOGICAL_BITS < horizon_ms
+    return entry.expires_at_ms is not None and entry.expires_at_ms < horizon_ms
 
 
 def version_hash(topic: str, version: Version) -> int:

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from sidecar.retained.entry import BUCKETS, RetainedEntry, Version, bucket_of, version_hash
+from sidecar.retained.entry import (
+    BUCKETS,
+    RetainedEntry,
+    Version,
+    bucket_of,
+    dead_before,
+    version_hash,
+)
 
 
 class RetainedIndex:
@@ -19,6 +26,8 @@ class RetainedIndex:
         self._digest = [0] * buckets
         self._counts = [0] * buckets
         self._members: list[set[str]] = [set() for _ in range(buckets)]
+        self._mortal: set[str] = set()  # topics whose entry is a tombstone or expires
+        self.horizon_ms = 0  # dead entries (see `dead_before`) older than this are not kept
         for entry in entries:
             self.merge(entry)
 
@@ -41,8 +50,10 @@ class RetainedIndex:
         return current is None or entry.version > current.version
 
     def merge(self, entry: RetainedEntry) -> bool:
-        """Keep `entry` if it is newer than the topic's current one; True if it was kept."""
-        if not self.newer(entry):
+        """Keep `entry` if it is newer than the topic's current one and not dead before the
+        horizon (a purged tombstone sent back by a peer that has not purged it yet); True if
+        it was kept."""
+        if not self.newer(entry) or dead_before(entry, self.horizon_ms):
             return False
         topic = entry.topic
         old = self._entries.get(topic)
@@ -56,7 +67,27 @@ class RetainedIndex:
             self._digest[bucket] ^= version_hash(topic, old.version)
         self._digest[bucket] ^= version_hash(topic, entry.version)
         self._entries[topic] = entry
+        if entry.deleted or entry.expires_at_ms is not None:
+            self._mortal.add(topic)
+        else:
+            self._mortal.discard(topic)
         return True
+
+    def purge(self, horizon_ms: int, busy: Callable[[str], bool]) -> list[RetainedEntry]:
+        """Forget tombstones and expired entries dead since before `horizon_ms` (every node
+        applies the same rule, so digests agree again once all have purged), except topics
+        `busy` says are in flight. Raises the horizon; returns the forgotten entries."""
+        self.horizon_ms = max(self.horizon_ms, horizon_ms)
+        gone = [self._entries[t] for t in self._mortal
+                if dead_before(self._entries[t], self.horizon_ms) and not busy(t)]
+        for entry in gone:
+            bucket = self._bucket_of.pop(entry.topic)
+            self._digest[bucket] ^= version_hash(entry.topic, entry.version)
+            self._counts[bucket] -= 1
+            self._members[bucket].discard(entry.topic)
+            self._mortal.discard(entry.topic)
+            del self._entries[entry.topic]
+        return gone
 
     def digest(self) -> tuple[list[int], list[int]]:
         """(per-bucket XOR of version hashes, per-bucket entry counts)."""

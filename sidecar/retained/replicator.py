@@ -280,6 +280,10 @@ class Replicator:
     def busy_topics(self) -> int:
         return len(self._topics)
 
+    def busy(self, topic: str) -> bool:
+        """Whether a write, read or re-injection of `topic` is in flight."""
+        return topic in self._topics
+
     # ---- helpers -------------------------------------------------------------------------
     def _observe(self, hlc: int, wall_ms: int) -> None:
         try:

@@ -47,6 +47,9 @@ READ_BATCH = 200  # with the plugin's event window (500), below a stock max_queu
 READ_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 10.0  # a re-injection unconfirmed this long (lost with a connection) counts
 TICK = 0.2
+TOMBSTONE_GRACE = 86_400
+"""Seconds a tombstone (or an expired message) is kept before every node forgets it. A node
+cut off from the cluster for longer may bring the deleted value back when it returns."""
 PRIVATE_PREFIX = "$mqfed/"
 
 ReadRetained = Callable[[list[str]], Awaitable[Mapping[str, ReadValue]]]
@@ -72,7 +75,7 @@ class RetainedService:
 
     def __init__(self, node_id: str, clock: HybridClock, run_dir: Path, transport: Any,
                  fwd: Any, peers: Callable[[], Iterable[str]],
-                 read_retained: ReadRetained | None) -> None:
+                 read_retained: ReadRetained | None, grace: float = TOMBSTONE_GRACE) -> None:
         self.transport = transport
         self.fwd = fwd
         self.peers = peers
@@ -81,6 +84,8 @@ class RetainedService:
         self.index = RetainedIndex(self.store.load())
         self.replicator = Replicator(node_id, clock, self.index)
         self.ae = AntiEntropy(self.index)
+        self.grace = grace
+        self._purged_at = 0.0
         self._to_read: dict[str, None] = {}
         self._reader: asyncio.Task | None = None
         self._mids: dict[int, int] = {}  # forwarding client mid -> re-injection token
@@ -91,7 +96,8 @@ class RetainedService:
         self._stopped = False
         self._counts: tuple[float, dict[str, int]] = (0.0, {})
         self.counters = {"reads": 0, "read_topics": 0, "read_found": 0, "read_failures": 0,
-                         "unconfirmed_timeouts": 0, "frames_out": 0, "ae_received": 0}
+                         "unconfirmed_timeouts": 0, "frames_out": 0, "ae_received": 0,
+                         "purged": 0}
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -115,6 +121,19 @@ class RetainedService:
                 self.counters["unconfirmed_timeouts"] += len(stale)
                 self._confirm(stale)
             self._run(self.ae.poll(_wall_ms()))
+            if now - self._purged_at >= min(60.0, self.grace / 4):
+                self._purged_at = now
+                self._purge()
+
+    def _purge(self) -> None:
+        """Forget tombstones and expired messages older than the grace period."""
+        horizon = _wall_ms() - int(self.grace * 1000)
+        gone = self.index.purge(horizon, self.replicator.busy)
+        if gone:
+            self.store.forget(gone)
+            self.counters["purged"] += len(gone)
+            log.info("forgot old tombstones and expired retained messages",
+                     extra={"entries": len(gone)})
 
     # ---- inputs --------------------------------------------------------------------------
     def on_local(self, event: RetainedSeen) -> None:

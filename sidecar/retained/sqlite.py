@@ -54,5 +54,14 @@ class SqliteRetainedStore:
             "(excluded.hlc = retained.hlc AND excluded.origin > retained.origin)", rows)
         self._db.execute("COMMIT")
 
+    def forget(self, entries: Iterable[RetainedEntry]) -> None:
+        """Delete these entries' rows (only if the row still holds that version)."""
+        rows = [(e.topic, e.hlc, e.origin) for e in entries]
+        if rows:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM retained WHERE topic = ? AND hlc = ? AND origin = ?",
+                                 rows)
+            self._db.execute("COMMIT")
+
     def close(self) -> None:
         self._db.close()

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 
@@ -325,3 +326,43 @@ def test_returning_node_repopulates_from_its_sqlite_index_then_catches_up(cluste
     del expected["ret/0"]
     assert read_retained(cluster.ports["n2"], "ret/#") == expected
     pub.close()
+
+
+def test_old_tombstones_and_expired_messages_are_forgotten_everywhere(cluster_factory):
+    """With `retained.tombstone_grace` = 8 s, deletes and expired messages are forgotten on
+    every node (index and SQLite) once that old, the digests agree again, values stay, and
+    a node joining afterwards is not sent them."""
+    from tests.cluster.conftest import mqfed
+
+    cluster = cluster_factory(3, env={"MQFED_RETAINED_TOMBSTONE_GRACE": "8"})
+    pub = _client(cluster, "n1", "pub-purge")
+    for i in range(4):
+        pub.publish(f"gc/{i}", b"v", qos=1, retain=True)
+    pub.publish("gc/expiring", b"short", qos=1, retain=True, properties=expiry_props(1))
+    wait_converged(cluster, NODES, 5)  # a delete racing the value's arrival may lose to it
+    deleter = _client(cluster, "n2", "del-purge")
+    for i in range(2):
+        deleter.publish(f"gc/{i}", b"", qos=1, retain=True)
+    wait_for(lambda: all(retained_status(cluster, n).get("tombstones") == 2 for n in NODES),
+             20, "the deletes everywhere")
+    wait_for(lambda: all(retained_status(cluster, n).get("purged") == 3 for n in NODES), 30,
+             "2 tombstones and 1 expired message forgotten on every node")
+    digest = wait_converged(cluster, NODES, 2)
+    for node in NODES:
+        status = retained_status(cluster, node)
+        assert (status["live"], status["tombstones"], status["expired"]) == (2, 0, 0), node
+        assert read_retained(cluster.ports[node], "gc/#") == {"gc/2": b"v", "gc/3": b"v"}
+        db = sqlite3.connect(f"file:{cluster.run_dir / 'nodes' / node / 'retained.sqlite'}"
+                             "?mode=ro", uri=True)
+        assert sorted(r[0] for r in db.execute("SELECT topic FROM retained")) == [
+            "gc/2", "gc/3"], node
+        db.close()
+    result = mqfed("add-node", "--run-dir", str(cluster.run_dir), "--json",
+                   env={"MQFED_RETAINED_TOMBSTONE_GRACE": "8"})
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(result.stdout)
+    cluster.ports[entry["id"]] = int(entry["mqtt"].rpartition(":")[2])
+    assert wait_converged(cluster, [*NODES, entry["id"]], 2, timeout=60) == digest
+    assert retained_status(cluster, entry["id"])["tombstones"] == 0
+    pub.close()
+    deleter.close()

@@ -276,3 +276,70 @@ def test_reinjections_of_one_topic_go_one_at_a_time() -> None:
     assert isinstance(second, Reinject) and second.entry == e2
     rep.on_reinjected([second.token])
     assert rep.busy_topics() == 0
+
+
+def _wall(ms: int) -> int:
+    """An HLC whose wall time is `ms`."""
+    return ms << 16
+
+
+dated = st.builds(
+    RetainedEntry,
+    topic=st.sampled_from(["a", "a/b", "c/d/e", "x", "y/z"]),
+    hlc=st.integers(1, 40).map(_wall),
+    origin=st.sampled_from(["n1", "n2"]),
+    payload=st.just(b"v"),
+    deleted=st.booleans(),
+    expires_at_ms=st.one_of(st.none(), st.integers(1, 60)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(dated, max_size=30), st.integers(0, 50), st.randoms())
+def test_purge_keeps_digests_equal_to_an_index_of_the_survivors(items, horizon, rnd) -> None:
+    """Purging is the same on every node: two nodes with the same entries, purged at the same
+    horizon in any order of merges, agree; and their digest is that of the survivors."""
+    items = _unique_versions(items)
+    a = RetainedIndex(items)
+    shuffled = list(items)
+    rnd.shuffle(shuffled)
+    b = RetainedIndex(shuffled)
+    gone = a.purge(horizon, busy=lambda topic: False)
+    b.purge(horizon, busy=lambda topic: False)
+    assert a.digest() == b.digest()
+    survivors = list(a)
+    assert RetainedIndex(survivors).digest() == a.digest()
+    for entry in gone:  # only values dead since before the horizon go
+        if entry.deleted:  # a tombstone is dead from its write
+            assert entry.hlc >> 16 < horizon
+        else:
+            assert entry.expires_at_ms is not None and entry.expires_at_ms < horizon
+    for entry in survivors:
+        if entry.deleted:
+            assert entry.hlc >> 16 >= horizon
+        else:
+            assert entry.expires_at_ms is None or entry.expires_at_ms >= horizon
+
+
+def test_a_purged_tombstone_is_not_taken_back_and_busy_topics_wait() -> None:
+    index = RetainedIndex()
+    index.merge(RetainedEntry("gone", _wall(10), "n1", deleted=True))
+    index.merge(RetainedEntry("busy", _wall(10), "n1", deleted=True))
+    index.merge(RetainedEntry("kept", _wall(10), "n1", b"live value"))
+    gone = index.purge(20, busy=lambda topic: topic == "busy")
+    assert [e.topic for e in gone] == ["gone"]
+    assert sorted(e.topic for e in index) == ["busy", "kept"]
+    # a peer that has not purged yet sends it back (anti-entropy): refused
+    assert not index.merge(RetainedEntry("gone", _wall(10), "n1", deleted=True))
+    # a newer write of the topic is a new value
+    assert index.merge(RetainedEntry("gone", _wall(30), "n2", b"back"))
+    assert index.purge(20, busy=lambda topic: False)[0].topic == "busy"
+
+
+def test_the_store_forgets_purged_rows(tmp_path: Path) -> None:
+    store = SqliteRetainedStore(tmp_path / "r.sqlite")
+    old = RetainedEntry("t", _wall(10), "n1", deleted=True)
+    store.save([old, RetainedEntry("u", _wall(10), "n1", b"v")])
+    store.forget([old, RetainedEntry("u", _wall(9), "n1", deleted=True)])  # u: another version
+    assert [e.topic for e in store.load()] == ["u"]
+    store.close()

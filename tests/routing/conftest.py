@@ -72,10 +72,11 @@ def _new_run_dir() -> Path:
     return path
 
 
-def _start(path: Path, nodes: int) -> Cluster:
-    """`mqfed up` in `path`, then wait until every peer stream is up."""
+def _start(path: Path, nodes: int, env: dict[str, str] | None = None) -> Cluster:
+    """`mqfed up` in `path` (nodes get `env`: MQFED_* settings), then wait until every peer
+    stream is up."""
     result = mqfed("up", "--nodes", str(nodes), "--detach", "--json", "--base-port",
-                   str(base_port(nodes)), "--run-dir", str(path), timeout=120)
+                   str(base_port(nodes)), "--run-dir", str(path), timeout=120, env=env)
     assert result.returncode == 0, result.stderr + logs_of(path)
     cluster = Cluster(path, json.loads(result.stdout))
     cluster.wait_meshed()
@@ -110,9 +111,9 @@ def cluster_factory(request: pytest.FixtureRequest) -> Iterator:
     _need_plugin()
     dirs: list[Path] = []
 
-    def start(nodes: int = 3) -> Cluster:
+    def start(nodes: int = 3, env: dict[str, str] | None = None) -> Cluster:
         dirs.append(_new_run_dir())
-        return _start(dirs[-1], nodes)
+        return _start(dirs[-1], nodes, env)
 
     try:
         yield start
