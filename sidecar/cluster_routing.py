@@ -67,7 +67,7 @@ class ClusterRouting:
                  forward_client: Callable[..., ForwardClient],
                  deliver: Callable[[str, Envelope], Any],
                  read_retained: ReadRetained | None = None,
-                 tombstone_grace: float = TOMBSTONE_GRACE) -> None:
+                 tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "") -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -99,7 +99,7 @@ class ClusterRouting:
         self.hop_latency = LatencyHistogram()  # origin HLC -> received here
         self.tracer = TraceRecorder(self.node_id)
         self._restore()
-        self.transport = PeerTransport(Handshake(hello), listen, self)
+        self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token)
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,

@@ -87,6 +87,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "listen": Key(str, "127.0.0.1:7001", _address, "peer gRPC listener"),
         "advertise": Key(str, "", _optional_address, "HOST:PORT peers dial (default: listen;"
                          " required when listen is a wildcard such as 0.0.0.0)"),
+        "token": Key(str, "", None, "shared secret every peer stream must present (the same"
+                     " on every node; empty: peers are not authenticated)"),
+        "token_file": Key(str, "", None, "file holding the peer token (instead of token)"),
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
@@ -227,7 +230,10 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
     _check_admin(values["admin"], where_file)
     for section in ("grpc", "admin"):
         _check_advertised(section, values[section], where_file)
-    for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file")):
+    if values["grpc"]["token"] and values["grpc"]["token_file"]:
+        raise ConfigError(f"{where_file}: grpc.token and grpc.token_file are both set; set one")
+    for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
+                          ("grpc", "token_file")):
         path = values[section][name]
         if path and not Path(path).is_absolute():
             values[section][name] = str((base / path).resolve())

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.admin.auth import AuthError
+from sidecar.admin.auth import AuthError, read_token
 from sidecar.admin.service import AdminService
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.cluster_routing import ClusterRouting
-from sidecar.config import NodeConfig
+from sidecar.config import LOOPBACK_HOSTS, NodeConfig
 from sidecar.drain import drain
 from sidecar.local.events import CommandFailed, Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import PROBE_TOPIC, ForwardClient
@@ -190,6 +190,7 @@ class Node:
         self.broker: MosquittoProcess | None = None
         self.link: LocalLink | None = None
         self.routing: ClusterRouting | None = None
+        self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
         self.membership: EtcdMembership | None = None
         self._peers: dict[str, str] = {}
         self._view_peers: dict[str, str] = {}
@@ -403,6 +404,19 @@ class Node:
                                          supersedes=previous)
         await self.membership.start()
 
+    def _peer_token(self) -> str:
+        """The shared peer token ("" for none: then say that anyone reaching the port may
+        join, unless it is loopback only)."""
+        grpc_cfg = self.config["grpc"]
+        token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
+                                      if grpc_cfg["token_file"] else "")
+        host = grpc_cfg["listen"].rpartition(":")[0]
+        if not token and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+            log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "
+                        "or grpc.token_file (the same secret on every node)",
+                        extra={"listen": grpc_cfg["listen"]})
+        return token
+
     def _static_peers(self) -> dict[str, str]:
         peers: dict[str, str] = {}
         if self.config["membership"]["mode"] == "static":
@@ -430,7 +444,8 @@ class Node:
                               run_dir=self.layout.run_dir, table=self.table,
                               forward_client=forward_client, deliver=self._deliver,
                               read_retained=link_reader(self.link),
-                              tombstone_grace=cfg["retained"]["tombstone_grace"])
+                              tombstone_grace=cfg["retained"]["tombstone_grace"],
+                              peer_token=self.peer_token)
 
     async def _deliver(self, client: str, env: Envelope) -> None:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""
@@ -480,6 +495,7 @@ class Node:
         incarnation, previous = self.layout.next_incarnation()
         try:
             self.admin.prepare(incarnation, self._static_peers())
+            self.peer_token = self._peer_token()
         except AuthError as exc:
             raise NodeError(str(exc)) from None
         if cfg["membership"]["mode"] == "etcd":

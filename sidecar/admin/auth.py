@@ -8,35 +8,12 @@ their own token when they ask each other, so a cluster shares one admin token.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+
+from sidecar.tokens import AuthError, bearer_metadata, presented_token, read_token, same_token
 
 __all__ = ["AuthError", "AuthPolicy", "bearer_metadata", "read_token"]
-
-HEADER = "authorization"
-SCHEME = "Bearer "
-
-
-class AuthError(ValueError):
-    """The token cannot be read; the message says which file and why."""
-
-
-def read_token(path: str | Path) -> str:
-    """The token in a token file (surrounding whitespace stripped); AuthError if unusable."""
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise AuthError(f"cannot read the admin token file {path}: {exc.strerror}") from None
-    if not token:
-        raise AuthError(f"the admin token file {path} is empty")
-    return token
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """gRPC call metadata carrying `token` (none without one)."""
-    return ((HEADER, SCHEME + token),) if token else ()
 
 
 @dataclass(frozen=True)
@@ -54,14 +31,10 @@ class AuthPolicy:
             return ("admin call refused: this node has no admin token configured; set "
                     "admin.token or admin.token_file on every node (or admin.dev_mode = true "
                     "with a loopback admin.listen, for development)")
-        presented = None
-        for key, value in metadata:
-            if key.lower() == HEADER:
-                text = value.decode() if isinstance(value, bytes) else value
-                presented = text[len(SCHEME):] if text.startswith(SCHEME) else ""
+        presented = presented_token(metadata)
         if presented is None:
             return ("admin call refused: no token; pass --token-file FILE or --token TOKEN "
                     "(or set MQFED_ADMIN_TOKEN / MQFED_ADMIN_TOKEN_FILE)")
-        if not hmac.compare_digest(presented.encode(), self.token.encode()):
+        if not same_token(presented, self.token):
             return "admin call refused: wrong token (it does not match this node's admin token)"
         return None

@@ -2,8 +2,9 @@
 
 Port layout for base port P: front (HAProxy) P; node i (1..99): MQTT P+i, gRPC P+100+i,
 admin P+200+i, metrics P+300+i; etcd client P+400, etcd peer P+401.
-Run-dir layout: `cluster.json` (launcher state), `lock`, `admin-token`, `etcd/` (data + log),
-`haproxy/` (config, admin socket, log), `nodes/<id>/` (node.toml, node.log, the node's files).
+Run-dir layout: `cluster.json` (launcher state), `lock`, `admin-token`, `peer-token`,
+`etcd/` (data + log), `haproxy/` (config, admin socket, log), `nodes/<id>/` (node.toml,
+node.log, the node's files).
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ class Layout:
     def admin_token_path(self) -> Path:
         """The cluster's admin token (0600), shared by its nodes and `mqfed ctl`."""
         return self.run_dir / "admin-token"
+
+    @property
+    def peer_token_path(self) -> Path:
+        """The cluster's peer token (0600): every node presents and requires it on peer
+        streams."""
+        return self.run_dir / "peer-token"
 
     def node_dir(self, ident: str) -> Path:
         return self.nodes_dir / ident

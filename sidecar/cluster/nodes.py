@@ -28,7 +28,8 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
         "node": {"id": node.id, "cluster": state.cluster,
                  "run_dir": str(lay.node_dir(node.id))},
         "mqtt": {"listen": f"{HOST}:{ports.mqtt}"},
-        "grpc": {"listen": f"{HOST}:{ports.grpc}"},
+        "grpc": {"listen": f"{HOST}:{ports.grpc}", "token": "",
+                 "token_file": str(lay.peer_token_path)},
         "admin": {"listen": f"{HOST}:{ports.admin}", "metrics": f"{HOST}:{ports.metrics}",
                   "token": "", "token_file": str(lay.admin_token_path)},
         "membership": {"mode": "etcd", "etcd": [f"{HOST}:{lay.etcd_client_port}"]},
@@ -63,9 +64,8 @@ def log_path(layout: Layout, ident: str) -> Path:
     return layout.node_dir(ident) / "node.log"
 
 
-def ensure_admin_token(layout: Layout) -> Path:
-    """The cluster's admin token file, created (0600, random) on first use."""
-    path = layout.admin_token_path
+def ensure_token(layout: Layout, path: Path) -> Path:
+    """A token file of the cluster, created (0600, random) on first use."""
     if not path.exists():
         layout.run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -76,7 +76,8 @@ def ensure_admin_token(layout: Layout) -> Path:
 
 def start(state: ClusterState, node: NodeRecord) -> ProcRef:
     """Write the node's config and start `mqfed node` in its own session."""
-    ensure_admin_token(state.layout)
+    ensure_token(state.layout, state.layout.admin_token_path)
+    ensure_token(state.layout, state.layout.peer_token_path)
     settings = values(state, node)
     node_dir = state.layout.node_dir(node.id)
     node_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from sidecar._proto import peer_pb2
 from sidecar.peering import wire
 from sidecar.peering.handshake import Accept, Handshake, Refuse
 from sidecar.peering.stream import describe
+from sidecar.tokens import bearer_metadata
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,17 @@ class Dialled(NamedTuple):
 
 
 async def dial(
-    peer: str, address: str, handshake: Handshake, *, options: list, timeout: float
+    peer: str, address: str, handshake: Handshake, *, options: list, timeout: float,
+    token: str = "",
 ) -> Dialled:
-    """Open the stream to `peer` at `address`; raise DialError or PeerRefused."""
+    """Open the stream to `peer` at `address` (presenting the peer `token`, if any); raise
+    DialError or PeerRefused."""
     channel = grpc.aio.insecure_channel(address, options=options)
     try:
         method = channel.stream_stream(
             wire.METHOD, request_serializer=None, response_deserializer=wire.decode
         )
-        call = method(wait_for_ready=False)
+        call = method(metadata=bearer_metadata(token), wait_for_ready=False)
         try:
             async with asyncio.timeout(timeout):
                 await call.write(wire.hello_frame(handshake.me))

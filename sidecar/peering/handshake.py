@@ -47,6 +47,7 @@ class RefuseCode(enum.IntEnum):
     UNSUPPORTED_VERSION = 2
     STALE_INCARNATION = 3
     DUPLICATE_NODE = 4
+    UNAUTHENTICATED = 5
 
 
 @dataclass(frozen=True)

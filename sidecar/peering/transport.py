@@ -33,6 +33,7 @@ from sidecar.peering import wire
 from sidecar.peering.dialer import Backoff, DialError, Dialled, PeerRefused, dial
 from sidecar.peering.handshake import Accept, Handshake, Refuse
 from sidecar.peering.stream import Counters, FrameStream
+from sidecar.tokens import presented_token, same_token
 
 __all__ = ["Backoff", "FrameTooLarge", "PeerHandler", "PeerTransport", "PeerTransportError"]
 
@@ -104,6 +105,7 @@ class PeerTransport:
         connect_timeout: float | None = None,
         max_message_bytes: int = 64 << 20,
         backoff: Backoff | None = None,
+        token: str = "",
     ) -> None:
         if dead_after < 2 * heartbeat_interval:
             raise ValueError(f"dead_after ({dead_after:g}s) must be at least twice"
@@ -118,6 +120,7 @@ class PeerTransport:
         self.connect_timeout = dead_after if connect_timeout is None else connect_timeout
         self.max_message_bytes = max_message_bytes
         self.backoff = backoff or Backoff()
+        self.token = token  # shared peer token: presented when dialling, required when served
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._peers: dict[str, _Peer] = {}
@@ -347,7 +350,8 @@ class PeerTransport:
             p.out_state = "connecting"
             try:
                 dialled = await dial(p.node_id, address, self.handshake,
-                                     options=self._channel_options, timeout=self.connect_timeout)
+                                     options=self._channel_options, timeout=self.connect_timeout,
+                                     token=self.token)
             except PeerRefused as exc:
                 p.failures += 1
                 p.out_state, p.last_error = "refused", exc.refuse.message
@@ -394,6 +398,7 @@ class PeerTransport:
     # ---- inbound -----------------------------------------------------------------------------
 
     async def _serve(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await self._check_token(context)  # before the Hello can touch the handshake state
         accept = await self._read_hello(context)
         if self._stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id!r}: {STOPPING}")
@@ -422,6 +427,21 @@ class PeerTransport:
         reason = await stream.run()
         if stream.closed_locally:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id!r}: {reason}")
+
+    async def _check_token(self, context: grpc.aio.ServicerContext) -> None:
+        """With a peer token configured, refuse a stream that does not present it."""
+        if not self.token:
+            return
+        presented = presented_token(context.invocation_metadata() or ())
+        if presented is not None and same_token(presented, self.token):
+            return
+        why = "no peer token" if presented is None else "a wrong peer token"
+        message = (f"node {self.node_id!r} refused a stream with {why}: every node of a cluster"
+                   " needs the same grpc.token or grpc.token_file")
+        self._log_loudly(f"in-auth:{why}", message, remote=context.peer())
+        refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
+        await context.write(peer_pb2.Frame(refuse=refuse).SerializeToString())
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def _read_hello(self, context: grpc.aio.ServicerContext) -> Accept:
         """The dialling side's Hello, checked; aborts the RPC (with a Refuse frame) otherwise."""

@@ -55,6 +55,13 @@ def test_bad_admin_settings_start_nothing(tmp_path) -> None:
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2 and "admin token file" in r.stderr, r.stderr
     assert not (tmp_path / "e2" / "mosquitto.pid").exists()
+    values = node_config(tmp_path, "e3", admin={"dev_mode": True},
+                         grpc={"token_file": str(tmp_path / "no-peer-token")})
+    path.write_text(render_toml(values))
+    r = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config", str(path)],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2 and "cannot read the peer token file" in r.stderr, r.stderr
+    assert not (tmp_path / "e3" / "mosquitto.pid").exists()
 
 
 def test_static_peers_learn_each_others_admin_address_from_the_handshake(nodes, tmp_path):

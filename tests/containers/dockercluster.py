@@ -136,6 +136,7 @@ class Cluster:
     networks: list = field(default_factory=list)
     front_port: int = 0
     admin_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    peer_token: str = field(default_factory=lambda: uuid.uuid4().hex)
     subnet: ipaddress.IPv4Network | None = None
 
     # ---- start -----------------------------------------------------------------------------
@@ -195,6 +196,7 @@ class Cluster:
             c.with_env("MQFED_NODE_ID", name).with_env("MQFED_GRPC_LISTEN", f"{name}-peer:7001")
             c.with_env("MQFED_ADMIN_LISTEN", f"{name}-front:7101")
             c.with_env("MQFED_ADMIN_TOKEN", self.admin_token)
+            c.with_env("MQFED_GRPC_TOKEN", self.peer_token)
             c.with_env("MQFED_MEMBERSHIP_ETCD", "etcd:2379")
             c.with_env("MQFED_LOG_LEVEL", os.environ.get("MQFED_TEST_LOG_LEVEL", "info"))
             c.with_kwargs(labels={LABEL: SESSION}, hostname=name, network=self.front.name,

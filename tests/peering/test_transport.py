@@ -229,6 +229,39 @@ def test_wrong_cluster_refused_with_both_cluster_names():
     run(body())
 
 
+def test_peer_token_required_presented_and_refused_loudly(caplog):
+    """With a peer token, a stream without it (or with another) is refused before its Hello
+    is looked at, with a Refuse the dialler logs as an error; the right token meshes."""
+    async def body():
+        async with nodes() as n:
+            a, ra = await n.start("a", token="s3cret")
+            b, rb = await n.start("b", token="s3cret")
+            x, rx = await n.start("x")  # no token
+            w, rw = await n.start("w", token="other")
+            connect(a, b)
+            await until(all_connected(a, b), 10, "a and b with the same token")
+            x.set_peers({"a": addr(a)})
+            w.set_peers({"a": addr(a)})
+            await until(lambda: rx.refusals and rw.refusals, 5, "x and w refused by a")
+            for refusals, why in ((rx.refusals, "no peer token"),
+                                  (rw.refusals, "a wrong peer token")):
+                peer, refuse = refusals[0]
+                assert peer == "a" and refuse.code == RefuseCode.UNAUTHENTICATED
+                assert why in refuse.message and "grpc.token" in refuse.message
+            assert x.states()["a"]["outbound"]["state"] == "refused"
+            assert not a.connected("x", inbound=True) and not a.connected("w", inbound=True)
+            # not even a claimed incarnation reaches the handshake state
+            frames, code, _ = await raw_stream(addr(a), Frame(hello=peer_pb2.Hello(
+                cluster_id="c", node_id="b", protocol_major=1, incarnation=10**12)))
+            assert [f.WhichOneof("body") for f in frames] == ["refuse"]
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+            assert a.connected("b", inbound=True) and b.connected("a")
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert any("refused this node" in m and "no peer token" in m for m in errors), errors
+
+    run(body())
+
+
 def test_another_node_at_the_dialled_address_is_refused():
     async def body():
         async with nodes() as n:

@@ -28,6 +28,8 @@ def test_defaults_and_required_id():
     ({"node": {"id": "n1"}, "membership": {"mode": "static", "peers": ["n2"]}},
      "membership.peers entry 'n2'"),
     ({"node": {"id": "n1"}, "membership": {"lease_ttl": 0}}, "lease_ttl: expected a number"),
+    ({"node": {"id": "n1"}, "grpc": {"token": "t", "token_file": "f"}},
+     "grpc.token and grpc.token_file are both set"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):
