@@ -171,7 +171,8 @@ def _start_node_via(cluster, node: str, etcd: str) -> tuple[ManagedProcess, int]
     settings = {
         "node": {"id": node, "run_dir": str(run_dir)},
         "mqtt": {"listen": f"127.0.0.1:{port}"},
-        "grpc": {"listen": f"127.0.0.1:{free_port()}"},
+        "grpc": {"listen": f"127.0.0.1:{free_port()}",
+                 "token_file": str(cluster.run_dir / "peer-token")},  # the cluster's secret
         "admin": {"listen": f"127.0.0.1:{free_port()}", "metrics": ""},
         "membership": {"mode": "etcd", "etcd": [etcd]},
     }
