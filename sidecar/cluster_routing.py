@@ -27,6 +27,7 @@ from sidecar.peering.dedup import Deduplicator
 from sidecar.peering.handshake import Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
+from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import PeerTransport
 from sidecar.retained.service import TOMBSTONE_GRACE, ReadRetained, RetainedService
 from sidecar.routing.forwarder import (
@@ -67,7 +68,8 @@ class ClusterRouting:
                  forward_client: Callable[..., ForwardClient],
                  deliver: Callable[[str, Envelope], Any],
                  read_retained: ReadRetained | None = None,
-                 tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "") -> None:
+                 tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
+                 peer_tls: PeerTls | None = None) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -99,7 +101,8 @@ class ClusterRouting:
         self.hop_latency = LatencyHistogram()  # origin HLC -> received here
         self.tracer = TraceRecorder(self.node_id)
         self._restore()
-        self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token)
+        self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token,
+                                       tls=peer_tls)
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,

@@ -90,6 +90,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "token": Key(str, "", None, "shared secret every peer stream must present (the same"
                      " on every node; empty: peers are not authenticated)"),
         "token_file": Key(str, "", None, "file holding the peer token (instead of token)"),
+        "tls_cert": Key(str, "", None, "PEM certificate (chain) of this node for peer streams;"
+                        " with tls_key and tls_ca: mutual TLS"),
+        "tls_key": Key(str, "", None, "PEM private key of tls_cert"),
+        "tls_ca": Key(str, "", None, "PEM CA that signed every node's tls_cert"),
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
@@ -232,8 +236,13 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
         _check_advertised(section, values[section], where_file)
     if values["grpc"]["token"] and values["grpc"]["token_file"]:
         raise ConfigError(f"{where_file}: grpc.token and grpc.token_file are both set; set one")
+    tls = [values["grpc"][k] for k in ("tls_cert", "tls_key", "tls_ca")]
+    if any(tls) and not all(tls):
+        raise ConfigError(f"{where_file}: grpc.tls_cert, grpc.tls_key and grpc.tls_ca go "
+                          "together: set all three (mutual TLS) or none")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
-                          ("grpc", "token_file")):
+                          ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
+                          ("grpc", "tls_ca")):
         path = values[section][name]
         if path and not Path(path).is_absolute():
             values[section][name] = str((base / path).resolve())

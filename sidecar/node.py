@@ -43,6 +43,7 @@ from sidecar.local.stream import (
 )
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.peering.handshake import Hello
+from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
 from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
 from sidecar.routing.forwarder import Envelope
@@ -191,6 +192,7 @@ class Node:
         self.link: LocalLink | None = None
         self.routing: ClusterRouting | None = None
         self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
+        self.peer_tls: PeerTls | None = None  # read at start (grpc.tls_*)
         self.membership: EtcdMembership | None = None
         self._peers: dict[str, str] = {}
         self._view_peers: dict[str, str] = {}
@@ -405,15 +407,16 @@ class Node:
         await self.membership.start()
 
     def _peer_token(self) -> str:
-        """The shared peer token ("" for none: then say that anyone reaching the port may
-        join, unless it is loopback only)."""
+        """The shared peer token ("" for none: then, without mutual TLS either, say that anyone
+        reaching the port may join, unless it is loopback only)."""
         grpc_cfg = self.config["grpc"]
         token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
                                       if grpc_cfg["token_file"] else "")
         host = grpc_cfg["listen"].rpartition(":")[0]
-        if not token and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        if (not token and self.peer_tls is None and host not in LOOPBACK_HOSTS
+                and not host.startswith("127.")):
             log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "
-                        "or grpc.token_file (the same secret on every node)",
+                        "or grpc.token_file (the same secret on every node), or grpc.tls_*",
                         extra={"listen": grpc_cfg["listen"]})
         return token
 
@@ -445,7 +448,7 @@ class Node:
                               forward_client=forward_client, deliver=self._deliver,
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
-                              peer_token=self.peer_token)
+                              peer_token=self.peer_token, peer_tls=self.peer_tls)
 
     async def _deliver(self, client: str, env: Envelope) -> None:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""
@@ -495,8 +498,9 @@ class Node:
         incarnation, previous = self.layout.next_incarnation()
         try:
             self.admin.prepare(incarnation, self._static_peers())
+            self.peer_tls = load_peer_tls(cfg["grpc"])
             self.peer_token = self._peer_token()
-        except AuthError as exc:
+        except (AuthError, TlsConfigError) as exc:
             raise NodeError(str(exc)) from None
         if cfg["membership"]["mode"] == "etcd":
             # before Mosquitto: a duplicate id starts nothing

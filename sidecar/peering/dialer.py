@@ -68,11 +68,12 @@ class Dialled(NamedTuple):
 
 async def dial(
     peer: str, address: str, handshake: Handshake, *, options: list, timeout: float,
-    token: str = "",
+    token: str = "", credentials: grpc.ChannelCredentials | None = None,
 ) -> Dialled:
-    """Open the stream to `peer` at `address` (presenting the peer `token`, if any); raise
-    DialError or PeerRefused."""
-    channel = grpc.aio.insecure_channel(address, options=options)
+    """Open the stream to `peer` at `address` (presenting the peer `token`, if any; over TLS
+    with `credentials`); raise DialError or PeerRefused."""
+    channel = (grpc.aio.insecure_channel(address, options=options) if credentials is None
+               else grpc.aio.secure_channel(address, credentials, options=options))
     try:
         method = channel.stream_stream(
             wire.METHOD, request_serializer=None, response_deserializer=wire.decode
@@ -88,6 +89,12 @@ async def dial(
                 " or that address is not a mqfed peer port"
             ) from None
         except grpc.aio.AioRpcError as exc:
+            if "handshake failed" in (exc.details() or "").lower():  # TLS: not transient
+                raise PeerRefused(peer_pb2.Refuse(
+                    code=peer_pb2.Refuse.UNAUTHENTICATED,
+                    message=f"TLS handshake with {address} failed ({exc.details()}): both nodes"
+                            " need certificates signed by the same grpc.tls_ca, each naming"
+                            " the host peers dial it at"), by_peer=False) from None
             raise DialError(f"cannot reach {address}: {describe(exc)}") from None
         if item is grpc.aio.EOF:
             raise DialError(

@@ -33,6 +33,7 @@ from sidecar.peering import wire
 from sidecar.peering.dialer import Backoff, DialError, Dialled, PeerRefused, dial
 from sidecar.peering.handshake import Accept, Handshake, Refuse
 from sidecar.peering.stream import Counters, FrameStream
+from sidecar.peering.tls import PeerTls
 from sidecar.tokens import presented_token, same_token
 
 __all__ = ["Backoff", "FrameTooLarge", "PeerHandler", "PeerTransport", "PeerTransportError"]
@@ -106,6 +107,7 @@ class PeerTransport:
         max_message_bytes: int = 64 << 20,
         backoff: Backoff | None = None,
         token: str = "",
+        tls: PeerTls | None = None,
     ) -> None:
         if dead_after < 2 * heartbeat_interval:
             raise ValueError(f"dead_after ({dead_after:g}s) must be at least twice"
@@ -121,6 +123,8 @@ class PeerTransport:
         self.max_message_bytes = max_message_bytes
         self.backoff = backoff or Backoff()
         self.token = token  # shared peer token: presented when dialling, required when served
+        self.tls = tls  # mutual TLS on both sides when set
+        self._credentials = None if tls is None else tls.channel_credentials()
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._peers: dict[str, _Peer] = {}
@@ -144,7 +148,8 @@ class PeerTransport:
             (grpc.method_handlers_generic_handler(wire.SERVICE_NAME, {"Stream": method}),)
         )
         try:
-            port = server.add_insecure_port(self.listen)
+            port = (server.add_insecure_port(self.listen) if self.tls is None else
+                    server.add_secure_port(self.listen, self.tls.server_credentials()))
         except RuntimeError:
             port = 0
         if not port:
@@ -351,7 +356,7 @@ class PeerTransport:
             try:
                 dialled = await dial(p.node_id, address, self.handshake,
                                      options=self._channel_options, timeout=self.connect_timeout,
-                                     token=self.token)
+                                     token=self.token, credentials=self._credentials)
             except PeerRefused as exc:
                 p.failures += 1
                 p.out_state, p.last_error = "refused", exc.refuse.message

@@ -30,6 +30,8 @@ def test_defaults_and_required_id():
     ({"node": {"id": "n1"}, "membership": {"lease_ttl": 0}}, "lease_ttl: expected a number"),
     ({"node": {"id": "n1"}, "grpc": {"token": "t", "token_file": "f"}},
      "grpc.token and grpc.token_file are both set"),
+    ({"node": {"id": "n1"}, "grpc": {"tls_cert": "c.pem", "tls_key": "k.pem"}},
+     "grpc.tls_cert, grpc.tls_key and grpc.tls_ca go together"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):
