@@ -10,7 +10,7 @@ import urllib.request
 
 from sidecar.config import render_toml
 from tests.harness.procs import free_port
-from tests.node.conftest import REPO, node_config
+from tests.node.conftest import REPO, node_config, pair_static
 
 
 def _ctl(admin: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -69,8 +69,7 @@ def test_static_peers_learn_each_others_admin_address_from_the_handshake(nodes, 
     so a cluster-wide call on a static cluster gets every node's answer."""
     first = node_config(tmp_path, "s1", admin={"dev_mode": True})
     second = node_config(tmp_path, "s2", admin={"dev_mode": True})
-    first["membership"] = {"mode": "static", "peers": [f"s2@{second['grpc']['listen']}"]}
-    second["membership"] = {"mode": "static", "peers": [f"s1@{first['grpc']['listen']}"]}
+    pair_static({"s1": first, "s2": second})
     nodes.start(first)
     two = nodes.start(second)
     two.wait(lambda s: (s.get("routing") or {}).get("peers", {}).get("s1", {}).get(
@@ -96,10 +95,7 @@ def test_wildcard_listeners_register_their_advertised_addresses(nodes, tmp_path)
             grpc={"listen": f"0.0.0.0:{grpc}", "advertise": f"127.0.0.1:{grpc}"},
             admin={"listen": f"0.0.0.0:{admin}", "advertise": f"127.0.0.1:{admin}",
                    "token": "t0ken"})
-    values["w1"]["membership"] = {"mode": "static",
-                                  "peers": [f"w2@{values['w2']['grpc']['advertise']}"]}
-    values["w2"]["membership"] = {"mode": "static",
-                                  "peers": [f"w1@{values['w1']['grpc']['advertise']}"]}
+    pair_static(values)
     nodes.start(values["w1"])
     two = nodes.start(values["w2"])
     two.wait(lambda s: (s.get("routing") or {}).get("peers", {}).get("w1", {}).get(

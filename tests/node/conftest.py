@@ -55,6 +55,15 @@ def node_config(tmp_path: Path, node_id: str = "n1", **sections) -> dict:
     return values
 
 
+def pair_static(values: dict[str, dict]) -> None:
+    """Make the nodes of `values` (node id -> config values) static peers of one another,
+    each dialling the others' advertised (else listen) gRPC address."""
+    for node, body in values.items():
+        body["membership"] = {"mode": "static", "peers": [
+            f"{other}@{v['grpc'].get('advertise') or v['grpc']['listen']}"
+            for other, v in values.items() if other != node]}
+
+
 class NodeStarter:
     """Starts nodes for one test; at the end stops every sidecar and Mosquitto by PID."""
 

@@ -14,7 +14,7 @@ import pytest
 from sidecar.config import render_toml
 from sidecar.peering.handshake import RefuseCode
 from sidecar.peering.tls import PeerTls
-from tests.node.conftest import REPO, node_config
+from tests.node.conftest import REPO, node_config, pair_static
 from tests.peering.test_transport import addr, all_connected, connect, run, until
 from tests.peering.test_transport import nodes as transports
 
@@ -85,10 +85,7 @@ def test_real_nodes_mesh_over_tls_and_a_missing_file_starts_nothing(nodes, tmp_p
         values[node] = node_config(tmp_path, node, admin={"dev_mode": True}, grpc={
             "tls_cert": str(one / f"{node}.pem"), "tls_key": str(one / f"{node}.key"),
             "tls_ca": str(one / "ca.pem")})
-    values["a"]["membership"] = {"mode": "static",
-                                 "peers": [f"b@{values['b']['grpc']['listen']}"]}
-    values["b"]["membership"] = {"mode": "static",
-                                 "peers": [f"a@{values['a']['grpc']['listen']}"]}
+    pair_static(values)
     nodes.start(values["a"])
     b = nodes.start(values["b"])
     b.wait(lambda s: all((s.get("routing") or {}).get("peers", {}).get("a", {}).get(
