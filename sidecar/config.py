@@ -105,6 +105,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "token_file": Key(str, "", None, "file holding the admin token (instead of token)"),
         "dev_mode": Key(bool, False, None, "accept admin calls without a token (loopback "
                         "admin.listen only; for development)"),
+        "tls": Key(bool, False, None, "serve admin calls over TLS with the grpc.tls_* "
+                   "certificate (`mqfed ctl --tls-ca`)"),
     },
     "membership": {
         "mode": Key(str, "etcd", _one_of("etcd", "static"), "etcd or a static peer list"),
@@ -240,6 +242,9 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
     if any(tls) and not all(tls):
         raise ConfigError(f"{where_file}: grpc.tls_cert, grpc.tls_key and grpc.tls_ca go "
                           "together: set all three (mutual TLS) or none")
+    if values["admin"]["tls"] and not all(tls):
+        raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
+                          "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
                           ("grpc", "tls_ca")):

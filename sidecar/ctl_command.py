@@ -12,8 +12,10 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+import grpc
 from google.protobuf.json_format import MessageToDict
 
 from sidecar._proto import admin_pb2
@@ -48,6 +50,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", help="admin token (default: $MQFED_ADMIN_TOKEN)")
     p.add_argument("--token-file", help="file holding the admin token (default: "
                    "$MQFED_ADMIN_TOKEN_FILE)")
+    p.add_argument("--tls-ca", default=os.environ.get("MQFED_ADMIN_TLS_CA", ""),
+                   help="call over TLS, verifying the node against this CA (PEM; for nodes "
+                   "with admin.tls; default: $MQFED_ADMIN_TLS_CA)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds (default: 10)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     cmds = p.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
@@ -96,9 +101,18 @@ def _request(args: argparse.Namespace) -> tuple[str, Any]:
     return method, query
 
 
+def _credentials(ca_path: str) -> grpc.ChannelCredentials | None:
+    if not ca_path:
+        return None
+    try:
+        return grpc.ssl_channel_credentials(root_certificates=Path(ca_path).read_bytes())
+    except OSError as exc:
+        raise AuthError(f"cannot read the CA file {ca_path}: {exc.strerror}") from None
+
+
 async def _call(address: str, token: str | None, method: str, request: Any,
-                timeout: float) -> Any:
-    client = AdminClient(address, token)
+                timeout: float, credentials: grpc.ChannelCredentials | None = None) -> Any:
+    client = AdminClient(address, token, credentials)
     try:
         return await client.call(method, request, timeout)
     finally:
@@ -112,12 +126,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         token = _token(args)
+        credentials = _credentials(args.tls_ca)
     except AuthError as exc:
         return fail(USAGE, str(exc))
     method, request = _request(args)
     timeout = args.timeout + (args.wait / 1000 if method == "Trace" else 0)
     try:
-        reply = asyncio.run(_call(args.address, token, method, request, timeout))
+        reply = asyncio.run(_call(args.address, token, method, request, timeout, credentials))
     except AdminCallError as exc:
         if exc.unreachable:
             return fail(UNREACHABLE, f"node {args.address}: {exc}")

@@ -29,10 +29,13 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 class AdminClient:
     """One channel to one admin address; `await call("Status", query)`."""
 
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: str | None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """`credentials`: call over TLS (the node has `admin.tls`)."""
         self.address = address
         self._metadata = bearer_metadata(token)
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = (grpc.aio.insecure_channel(address) if credentials is None
+                         else grpc.aio.secure_channel(address, credentials))
 
     async def call(self, name: str, request: Any, timeout: float) -> Any:
         method = METHODS[name]

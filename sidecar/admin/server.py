@@ -28,6 +28,7 @@ from sidecar.admin.directory import Directory, UnknownNode
 from sidecar.admin.fanout import merge
 from sidecar.admin.trace import TRACE_PROPERTY, TraceRecorder, new_trace_id
 from sidecar.admin.wire import METHODS, SERVICE_NAME, Method
+from sidecar.peering.tls import PeerTls
 from sidecar.topics import TopicError, validate_topic
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class AdminServer:
 
     def __init__(self, node: Node, listen: str, policy: AuthPolicy, directory: Directory,
                  answers: Answers, token: str | None,
-                 fanout_timeout: float = FANOUT_TIMEOUT) -> None:
+                 fanout_timeout: float = FANOUT_TIMEOUT, tls: PeerTls | None = None) -> None:
         self.node = node
         self.listen = listen
         self.policy = policy
@@ -64,6 +65,7 @@ class AdminServer:
         self.answers = answers
         self.token = token
         self.fanout_timeout = fanout_timeout
+        self.tls = tls  # serve (and call other nodes) over TLS when set
         self._server: grpc.aio.Server | None = None
         self._peer_clients: dict[str, AdminClient] = {}
 
@@ -79,7 +81,8 @@ class AdminServer:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         try:
-            port = server.add_insecure_port(self.listen)
+            port = (server.add_insecure_port(self.listen) if self.tls is None else
+                    server.add_secure_port(self.listen, self.tls.admin_server_credentials()))
         except RuntimeError:
             port = 0
         if not port:
@@ -146,7 +149,9 @@ class AdminServer:
                                      "node older than the admin API)", "UNKNOWN", True)
             client = self._peer_clients.get(address)
             if client is None:
-                client = self._peer_clients[address] = AdminClient(address, self.token)
+                client = self._peer_clients[address] = AdminClient(
+                    address, self.token,
+                    None if self.tls is None else self.tls.channel_credentials())
             return await client.call(name, sub, self.fanout_timeout)
 
         ids = [(e.record.node_id, e.record.admin) for e in targets]

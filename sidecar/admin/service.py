@@ -96,7 +96,8 @@ class AdminService:
         self.grpc = AdminServer(self.node, self.node.config["admin"]["listen"], self.policy,
                                 self.directory, Answers(self.node, self.version,
                                                         self._retained_source),
-                                self.token)
+                                self.token, tls=self.node.peer_tls
+                                if self.node.config["admin"]["tls"] else None)
         await self.grpc.start()
 
     async def stop(self) -> None:

@@ -37,6 +37,12 @@ class PeerTls:
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
                                            require_client_auth=True)
 
+    def admin_server_credentials(self) -> grpc.ServerCredentials:
+        """The admin listener: our certificate, no client certificate required (admin calls
+        carry the admin token; `mqfed ctl` needs only the CA)."""
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
+                                           require_client_auth=False)
+
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Verify the peer against the CA; present our certificate."""
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,

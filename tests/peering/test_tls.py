@@ -5,6 +5,7 @@ reported as a refusal naming the settings."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,30 @@ def test_real_nodes_mesh_over_tls_and_a_missing_file_starts_nothing(nodes, tmp_p
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2 and "cannot read grpc.tls_ca" in r.stderr, r.stderr
     assert not (tmp_path / "c" / "mosquitto.pid").exists()
+
+
+def test_admin_calls_over_tls_reach_every_node(nodes, tmp_path, cas):
+    """With admin.tls, `mqfed ctl --tls-ca` gets a cluster-wide answer (the node asks the
+    other over TLS too); a plaintext call cannot get through and exits 3 naming the node."""
+    one, _ = cas
+    values = {node: node_config(tmp_path, node, admin={"token": "t0ken", "tls": True}, grpc={
+        "tls_cert": str(one / f"{node}.pem"), "tls_key": str(one / f"{node}.key"),
+        "tls_ca": str(one / "ca.pem")}) for node in ("a", "b")}
+    pair_static(values)
+    nodes.start(values["a"])
+    b = nodes.start(values["b"])
+    b.wait(lambda s: (s.get("routing") or {}).get("peers", {}).get("a", {}).get(
+        "outbound", {}).get("state") == "up", "b's stream to a up", timeout=20)
+    admin = values["a"]["admin"]["listen"]
+    env = {"PATH": "/usr/bin:/bin", "MQFED_ADMIN_TOKEN": "t0ken"}
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sidecar.cli", "ctl", "--node", admin,
+                               *args], capture_output=True, text=True, timeout=60, cwd=REPO,
+                              env=env)
+
+    r = ctl("--tls-ca", str(one / "ca.pem"), "--json", "clients")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["missing"] == []
+    r = ctl("--json", "clients")
+    assert r.returncode == 3 and f"node {admin}" in r.stderr, r.stderr

@@ -32,6 +32,7 @@ def test_defaults_and_required_id():
      "grpc.token and grpc.token_file are both set"),
     ({"node": {"id": "n1"}, "grpc": {"tls_cert": "c.pem", "tls_key": "k.pem"}},
      "grpc.tls_cert, grpc.tls_key and grpc.tls_ca go together"),
+    ({"node": {"id": "n1"}, "admin": {"tls": True}}, "admin.tls uses the node's certificate"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):
