@@ -132,15 +132,24 @@ class NodeCollector(Collector):
             for reason, n in q.dropped.items():
                 queue_drops[reason] = queue_drops.get(reason, 0) + n
         c = r.counters
+        fwd = r.fwd.stats()
         for reason, n in (("qos0_stream_down", c["qos0_dropped"]),
                           ("unroutable", c["unroutable"]),
                           ("shared_no_member", c["shared_rejected"]),
+                          ("mosquitto_overflow", fwd["lost"]),
                           *((f"queue_{k}", v) for k, v in sorted(queue_drops.items()))):
             dropped.add_metric([reason], n)
         yield from (sent, received, frames, nbytes, up, state, reconnects, qdepth, qbytes, qflight,
                     sframes, dropped)
         yield CounterMetricFamily("mqfed_forwarded", "Local publishes forwarded to at least "
                                   "one peer.", value=r.forwarder.forwarded)
+        yield CounterMetricFamily("mqfed_forward_resent", "Copies Mosquitto discarded for the "
+                                  "forwarding client (its packet limit) and resent after a "
+                                  "reconnect.", value=fwd["dropped_by_mosquitto"])
+        yield CounterMetricFamily("mqfed_forward_recoveries", "Forwarding client reconnects "
+                                  "to get discarded copies resent.", value=fwd["recoveries"])
+        yield GaugeMetricFamily("mqfed_forward_unacked", "Copies taken from Mosquitto, not "
+                                "acknowledged to it yet.", value=fwd["unacked"])
         yield CounterMetricFamily("mqfed_received", "Messages received from peers.",
                                   value=c["received"])
         yield CounterMetricFamily("mqfed_deduplicated", "Received messages dropped as "

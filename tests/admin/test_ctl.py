@@ -225,6 +225,8 @@ def test_metrics_move_under_traffic(meshed: AdminCluster, subscriber: Sub) -> No
     assert _sample(after2, "mqfed_forward_hop_latency_seconds_bucket", le="+Inf") == \
         _sample(after2, "mqfed_forward_hop_latency_seconds_count")
     assert ("mqfed_dropped_total", (("reason", "qos0_stream_down"),)) in after2
+    assert _sample(after2, "mqfed_dropped_total", reason="mosquitto_overflow") == 0
+    assert ("mqfed_forward_recoveries_total", ()) in after2
     assert ("mqfed_plugin_event_gaps_total", ()) in after2
     assert ("mqfed_queue_messages", (("peer", "n1"),)) in after2
     for probe in ("/healthz", "/readyz"):
