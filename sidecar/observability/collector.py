@@ -162,6 +162,14 @@ class NodeCollector(Collector):
                                 "peers.", value=r.forwarder.pending)
         yield CounterMetricFamily("mqfed_trace_hops", "Hops recorded for traced messages.",
                                   value=r.tracer.recorded)
+        ret = r.retained.status()
+        entries = _gauge("retained_entries", "Retained index entries by kind.", ["kind"])
+        for kind in ("live", "tombstones", "expired"):
+            entries.add_metric([kind], ret[kind])
+        yield entries
+        yield CounterMetricFamily("mqfed_retained_purged", "Tombstones and expired retained "
+                                  "messages forgotten after retained.tombstone_grace.",
+                                  value=ret["purged"])
         h = r.hop_latency
         buckets = [("+Inf" if b == float("inf") else repr(b / 1000), n)
                    for b, n in h.cumulative()]

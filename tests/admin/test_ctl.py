@@ -227,6 +227,8 @@ def test_metrics_move_under_traffic(meshed: AdminCluster, subscriber: Sub) -> No
     assert ("mqfed_dropped_total", (("reason", "qos0_stream_down"),)) in after2
     assert _sample(after2, "mqfed_dropped_total", reason="mosquitto_overflow") == 0
     assert ("mqfed_forward_recoveries_total", ()) in after2
+    assert ("mqfed_retained_entries", (("kind", "tombstones"),)) in after2
+    assert ("mqfed_retained_purged_total", ()) in after2
     assert ("mqfed_plugin_event_gaps_total", ()) in after2
     assert ("mqfed_queue_messages", (("peer", "n1"),)) in after2
     for probe in ("/healthz", "/readyz"):

@@ -6,9 +6,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import mqfed
 from tests.harness.procs import wait_for
@@ -78,19 +75,6 @@ def test_receiving_sidecar_down_10s_then_backlog_drains_in_order(cluster_factory
     _kill_sidecar_under_load(cluster_factory, "n2", downtime=10.0, count=5000)
 
 
-def _scrape(cluster, node: str) -> dict[str, float]:
-    """A node's /metrics as `name{labels}` -> value."""
-    address = next(n["metrics"] for n in cluster.info["nodes"] if n["id"] == node)
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
-
-
 def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):
     """The origin sidecar frozen while 15,000 QoS 1 messages are published: Mosquitto discards
     the forwarding client's packets past max_queued_messages (10,000), keeping the messages in
@@ -118,7 +102,7 @@ def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):
     fwd = cluster.routing("n1")["fwd"]
     assert fwd["dropped_by_mosquitto"] > 0 and fwd["recoveries"] > 0, fwd
     assert fwd["lost"] == 0
-    metrics = _scrape(cluster, "n1")  # what an operator's alerting sees
+    metrics = cluster.metrics("n1")  # what an operator's alerting sees
     assert metrics["mqfed_forward_resent_total"] == fwd["dropped_by_mosquitto"]
     assert metrics["mqfed_forward_recoveries_total"] == fwd["recoveries"]
     assert metrics['mqfed_dropped_total{reason="mosquitto_overflow"}'] == 0
