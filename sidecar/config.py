@@ -266,11 +266,16 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT `address` listens on loopback only."""
+    host = address.rpartition(":")[0]
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
 def _check_admin(admin: Mapping[str, Any], where: str) -> None:
     if admin["token"] and admin["token_file"]:
         raise ConfigError(f"{where}: admin.token and admin.token_file are both set; set one")
-    host = admin["listen"].rpartition(":")[0]
-    if admin["dev_mode"] and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+    if admin["dev_mode"] and not is_loopback(admin["listen"]):
         raise ConfigError(f"{where}: admin.dev_mode accepts admin calls without a token and is "
                           f"allowed only on a loopback admin.listen (127.0.0.1, ::1, "
                           f"localhost), got {admin['listen']!r}")

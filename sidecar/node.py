@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.admin.auth import AuthError, read_token
 from sidecar.admin.service import AdminService
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.cluster_routing import ClusterRouting
-from sidecar.config import LOOPBACK_HOSTS, NodeConfig
+from sidecar.config import NodeConfig, is_loopback
 from sidecar.drain import drain
 from sidecar.local.events import CommandFailed, Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import PROBE_TOPIC, ForwardClient
@@ -48,6 +47,7 @@ from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
+from sidecar.tokens import AuthError, read_token
 
 log = logging.getLogger("mqfed.node")
 
@@ -412,9 +412,7 @@ class Node:
         grpc_cfg = self.config["grpc"]
         token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
                                       if grpc_cfg["token_file"] else "")
-        host = grpc_cfg["listen"].rpartition(":")[0]
-        if (not token and self.peer_tls is None and host not in LOOPBACK_HOSTS
-                and not host.startswith("127.")):
+        if not token and self.peer_tls is None and not is_loopback(grpc_cfg["listen"]):
             log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "
                         "or grpc.token_file (the same secret on every node), or grpc.tls_*",
                         extra={"listen": grpc_cfg["listen"]})

@@ -82,7 +82,8 @@ class AdminServer:
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         try:
             port = (server.add_insecure_port(self.listen) if self.tls is None else
-                    server.add_secure_port(self.listen, self.tls.admin_server_credentials()))
+                    server.add_secure_port(self.listen, self.tls.server_credentials(
+                        require_client_auth=False)))
         except RuntimeError:
             port = 0
         if not port:

@@ -32,16 +32,12 @@ class PeerTls:
     key: bytes
     ca: bytes
 
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """Present our certificate; require one the CA signed from every dialler."""
+    def server_credentials(self, require_client_auth: bool = True) -> grpc.ServerCredentials:
+        """Present our certificate; by default require one the CA signed from every dialler
+        (the admin listener does not: admin calls carry the admin token, and `mqfed ctl`
+        needs only the CA)."""
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
-                                           require_client_auth=True)
-
-    def admin_server_credentials(self) -> grpc.ServerCredentials:
-        """The admin listener: our certificate, no client certificate required (admin calls
-        carry the admin token; `mqfed ctl` needs only the CA)."""
-        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
-                                           require_client_auth=False)
+                                           require_client_auth=require_client_auth)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Verify the peer against the CA; present our certificate."""

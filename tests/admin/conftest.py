@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.harness.metrics import parse_metrics
 
 
 @dataclass
@@ -65,11 +65,7 @@ class AdminCluster:
         """Every sample of the node's /metrics: (name, sorted labels) -> value."""
         status, text = self.http(node, "/metrics")
         assert status == 200, text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
+        return parse_metrics(text)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.harness.metrics import parse_metrics
 from tests.harness.procs import wait_for
 
 
@@ -33,17 +33,11 @@ class Cluster:
     def routing(self, node: str) -> dict:
         return self.state(node).get("routing") or {}
 
-    def metrics(self, node: str) -> dict[str, float]:
-        """The node's /metrics as `name{labels}` -> value."""
+    def metrics(self, node: str) -> dict[tuple[str, tuple], float]:
+        """The node's /metrics: (name, sorted labels) -> value."""
         address = next(n["metrics"] for n in self.info["nodes"] if n["id"] == node)
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+            return parse_metrics(resp.read().decode())
 
     def wait_meshed(self, timeout: float = 20.0) -> None:
         """Every node's outbound stream to every other node is up."""
