@@ -112,7 +112,20 @@ def spawn(argv: Sequence[str], log_path: Path, markers: Sequence[str],
     if started is None:  # exited already; a ref that never matches a later process
         popen.wait()
         started = -1
-    return popen, ProcRef(popen.pid, started, tuple(markers))
+    ref = ProcRef(popen.pid, started, tuple(markers))
+    _await_argv(popen, ref)
+    return popen, ref
+
+
+def _await_argv(popen: subprocess.Popen[bytes], ref: ProcRef, timeout: float = 5.0) -> None:
+    """Wait until the new program's argv is readable in /proc.
+
+    Popen returns once exec has begun, but the kernel fills /proc/<pid>/cmdline a moment
+    later; until then `ref.running()` would wrongly say the process is not ours.
+    """
+    deadline = time.monotonic() + timeout
+    while not ref.running() and popen.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 _children: list[subprocess.Popen[bytes]] = []
