@@ -21,6 +21,7 @@ from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.hlc import HybridClock, MessageId
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
+from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as wire
 from sidecar.peering.dedup import Deduplicator
@@ -69,7 +70,7 @@ class ClusterRouting:
                  deliver: Callable[[str, Envelope], Any],
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
-                 peer_tls: PeerTls | None = None) -> None:
+                 peer_tls: PeerTls | None = None, shed_above: int = 0) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -105,6 +106,7 @@ class ClusterRouting:
                                        tls=peer_tls)
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
+        self.backpressure = Backpressure(shed_threshold(self.fwd.receive_maximum, shed_above))
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
                                         self.fwd, lambda: list(self.queues), read_retained,
                                         tombstone_grace)
@@ -501,6 +503,10 @@ class ClusterRouting:
             self._ack_peer(peer, env.origin_incarnation, env.origin_seq, status)
             self._schedule_flush()
 
+    def pressure_report(self, now: float) -> Report | None:
+        """The overload report the plugin should get now (sidecar.local.pressure), if any."""
+        return self.backpressure.on_tick(self.fwd.unacked(), now)
+
     def status(self) -> dict[str, Any]:
         return {
             "incarnation": self.incarnation,
@@ -512,6 +518,7 @@ class ClusterRouting:
             "pending_local_acks": self.forwarder.pending,
             "forwarding_subscriptions": len(self.remote.local_subscriptions()),
             "fwd": self.fwd.stats(),
+            "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),
         }

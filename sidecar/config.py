@@ -59,6 +59,12 @@ def _positive(value: int) -> int:
     return value
 
 
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError("expected 0 or a number above 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Key:
     type: type
@@ -118,6 +124,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "tombstone_grace": Key(float, 86400.0, _positive, "seconds deleted and expired retained"
                                " messages are remembered (longer than any outage or partition a"
                                " node may come back from)"),
+    },
+    "overload": {
+        "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"
+                          " peers at which publishers of QoS > 0 messages peers want are"
+                          " disconnected before their message is acked (0: a quarter of the"
+                          " forwarding client's Receive Maximum)"),
+        "silent_max": Key(int, 0, _non_negative, "copies Mosquitto may route to the"
+                          " forwarding client without a report from this sidecar before the"
+                          " plugin sheds on its own (0: half of max_queued_messages)"),
     },
     "log": {
         "level": Key(str, "warning", _one_of("debug", "info", "warning", "error"), "log level"),

@@ -31,6 +31,7 @@ from sidecar.drain import drain
 from sidecar.local.events import CommandFailed, Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import PROBE_TOPIC, ForwardClient
 from sidecar.local.link import LinkError, LocalLink
+from sidecar.local.pressure import Report
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.local.stream import (
     Apply,
@@ -176,7 +177,7 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         node_id=config.node_id, plugin_path=find_plugin(mqtt["plugin"]),
         socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
         include_path=include, external_auth=mqtt["external_auth"],
-        external_acl=mqtt["external_acl"],
+        external_acl=mqtt["external_acl"], fwd_silent_max=config["overload"]["silent_max"],
     ))
 
 
@@ -326,6 +327,10 @@ class Node:
                 self._apply_peers()
             if self.routing is not None and self.routing.fwd.wants_probe():
                 self._spawn(self._probe_forwarding())
+            if self.routing is not None and self.link is not None and self.link.connected:
+                report = self.routing.pressure_report(now)
+                if report is not None:
+                    self._spawn(self._report_pressure(report))
             if self.stream.in_sync and not self.ready:
                 self.ready = True
                 self._state_dirty = True
@@ -343,6 +348,27 @@ class Node:
                                     topic=PROBE_TOPIC, payload="", qos=1)
         except (LinkError, CommandFailed) as exc:
             log.debug("forwarding probe failed", extra={"error": str(exc)})
+
+    async def _report_pressure(self, report: Report) -> None:
+        """Tell the plugin our backlog and whether to shed publishers (sidecar.local.pressure)."""
+        assert self.link is not None and self.routing is not None
+        bp = self.routing.backpressure
+        if report.changed and report.shed_ms:
+            log.warning("overload: the forwarding backlog reached %d unacknowledged copies; "
+                        "publishers of QoS > 0 messages peers want are disconnected before "
+                        "their message is acknowledged until it is below %d", report.unacked,
+                        bp.resume_below, extra={"unacked": report.unacked})
+        elif report.changed:
+            log.warning("overload over: publishers are accepted again",
+                        extra={"unacked": report.unacked,
+                               "publishers_shed": bp.publishers_shed})
+        try:
+            reply = await self.link.request("pressure", unacked=report.unacked,
+                                            shed_ms=report.shed_ms)
+        except (LinkError, CommandFailed) as exc:
+            log.debug("overload report failed", extra={"error": str(exc)})
+            return
+        bp.on_reply(bool(reply.fields.get("shedding")), int(reply.fields.get("shed_total", 0)))
 
     async def _drain(self) -> None:
         """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
@@ -446,7 +472,8 @@ class Node:
                               forward_client=forward_client, deliver=self._deliver,
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
-                              peer_token=self.peer_token, peer_tls=self.peer_tls)
+                              peer_token=self.peer_token, peer_tls=self.peer_tls,
+                              shed_above=cfg["overload"]["shed_above"])
 
     async def _deliver(self, client: str, env: Envelope) -> None:
         """Deliver one message to one local client through the plugin (shared subscriptions)."""

@@ -185,6 +185,11 @@ class ForwardClient:
         self._recover()
         return due
 
+    def unacked(self) -> int:
+        """Copies taken from Mosquitto and not acknowledged to it yet."""
+        with self._lock:
+            return len(self.tracker.unacked)
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"dropped_by_mosquitto": self.tracker.dropped_seen,

@@ -150,6 +150,13 @@ class NodeCollector(Collector):
                                   "to get discarded copies resent.", value=fwd["recoveries"])
         yield GaugeMetricFamily("mqfed_forward_unacked", "Copies taken from Mosquitto, not "
                                 "acknowledged to it yet.", value=fwd["unacked"])
+        bp = r.backpressure
+        yield GaugeMetricFamily("mqfed_overload_shedding", "1 while publishers of QoS > 0 "
+                                "messages peers want are disconnected before their ack "
+                                "(overload).", value=int(bp.shedding or bp.plugin_shedding))
+        yield CounterMetricFamily("mqfed_publishers_shed", "Publishers disconnected before "
+                                  "their message was acknowledged, because of overload.",
+                                  value=bp.publishers_shed)
         yield CounterMetricFamily("mqfed_received", "Messages received from peers.",
                                   value=c["received"])
         yield CounterMetricFamily("mqfed_deduplicated", "Received messages dropped as "

@@ -134,6 +134,22 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
         b"", b"q0", b"q1", b"q2"]
 
+    # overload shedding: a persistent publisher (its subscriptions are re-checked at the kick)
+    # and a plain QoS 2 one are disconnected from inside the MESSAGE callback
+    assert sc.call("pressure", unacked=1, shed_ms=60000, timeout=20)["shedding"] is True
+    shed_p = client("vg-shed", session_expiry=300, clean_start=False, will=("w/shed", b"x"))
+    shed_p.connect(timeout=20)
+    shed_p.subscribe("z/1", 1, timeout=20)
+    shed_p.c.publish("f/shed", b"refused", qos=1)
+    assert shed_p.wait_disconnected(20)
+    shed_q = client("vg-shed-2")
+    shed_q.connect(timeout=20)
+    shed_q.c.publish("f/shed", b"refused", qos=2)
+    assert shed_q.wait_disconnected(20)
+    assert sc.call("pressure", unacked=0, shed_ms=0, timeout=20)["shed_total"] == 2
+    fwd._send(0xA2, (999).to_bytes(2, "big") + b"\x00" + b"\x00\x0c$share/g/f/#")
+    fwd.wait_ack(11, 999, timeout=20)
+
     # stats, bad commands, heartbeat
     assert sc.call("stats", timeout=20)["calibration"] == {"session_expiry": "ok"}
     assert sc.call("nope", timeout=20)["error"] == "unknown_command"

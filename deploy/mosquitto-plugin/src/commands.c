@@ -319,6 +319,26 @@ static void cmd_admit(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+/* The sidecar's report (every ~0.5 s): its unacknowledged copies, and how long to shed. */
+static void cmd_pressure(const struct request *rq, const cJSON *req)
+{
+	uint64_t unacked, lease;
+	cJSON *o;
+
+	if(!get_uint(req, "unacked", &unacked) || !get_uint(req, "shed_ms", &lease)
+			|| lease > 600000){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	shed_report(unacked, (int64_t)lease);
+	o = reply_new(rq, true);
+	if(o){
+		cJSON_AddBoolToObject(o, "shedding", shed_active());
+		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
+	}
+	reply_send(rq, o);
+}
+
 static void cmd_stats(const struct request *rq)
 {
 	cJSON *o = reply_new(rq, true);
@@ -341,6 +361,10 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)g.fwd_denied);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", origin_tracked());
 		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)g.fwd_q2_evicted);
+		cJSON_AddNumberToObject(o, "fwd_filters", HASH_COUNT(g.fwd_filters));
+		cJSON_AddNumberToObject(o, "fwd_since_report", (double)g.fwd_since_report);
+		cJSON_AddBoolToObject(o, "shedding", shed_active());
+		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 	}
@@ -413,6 +437,8 @@ int on_control(int event, void *event_data, void *userdata)
 		cmd_deny(&rq, req);
 	}else if(streq(rq.cmd, "admit")){
 		cmd_admit(&rq, req);
+	}else if(streq(rq.cmd, "pressure")){
+		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "stats")){
 		cmd_stats(&rq);
 	}else if(streq(rq.cmd, "ack")){

@@ -106,6 +106,13 @@ struct fwd_q2 {
 	struct fwd_q2 *next_hit;
 };
 
+/* A filter the forwarding connection subscribes to (shed.c). */
+struct fwd_filter {
+	UT_hash_handle hh;         /* keyed by filter, verbatim */
+	char *filter;
+	const char *match;         /* filter without $share/<group>/ */
+};
+
 struct mqfed {
 	mosquitto_plugin_id_t *pid;
 
@@ -173,6 +180,15 @@ struct mqfed {
 	time_t fwd_drop_at;        /* .fwd offline with a session: forget all entries at this time */
 	uint64_t fwd_denied;       /* deliveries to shared subscriptions refused */
 	uint64_t fwd_q2_evicted;   /* entries forgotten before their routing (cap, age, session) */
+
+	/* overload shedding (shed.c) */
+	struct fwd_filter *fwd_filters;
+	uint64_t fwd_silent_max;   /* option fwd_silent_max: 0 = never shed on silence */
+	uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidecar's last report */
+	uint64_t fwd_reported_unacked;
+	int64_t shed_until_ms;     /* the sidecar's lease: shed while now_ms() < this */
+	uint64_t shed_total;       /* publishers disconnected */
+	int64_t shed_logged_ms;
 };
 
 extern struct mqfed g;
@@ -201,6 +217,14 @@ void ev_ack(uint64_t seq);
 bool ev_resume(uint64_t from_seq, uint64_t *oldest);
 uint64_t ev_snapshot_cut(void);
 uint64_t ev_oldest(void);
+
+/* shed.c */
+void shed_fwd_filter(const char *filter, bool subscribed);
+void shed_fwd_routed(uint8_t qos);
+void shed_report(uint64_t unacked, int64_t lease_ms);
+bool shed_active(void);
+bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos);
+void shed_cleanup(void);
 
 /* calib.c */
 void calib_on_sidecar_auth(struct mosquitto *client);

@@ -67,6 +67,7 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 	g.heartbeat_ms = 1000;
 	g.snapshot_chunk = 500;
 	g.fwd_q2_max = 65535;
+	g.fwd_silent_max = 0;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -96,6 +97,8 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 			g.snapshot_chunk = (unsigned)v;
 		}else if(streq(k, "fwd_qos2_max")){
 			if(parse_u64(k, val, 1, 1000000, &g.fwd_q2_max)) return -1;
+		}else if(streq(k, "fwd_silent_max")){
+			if(parse_u64(k, val, 0, UINT32_MAX, &g.fwd_silent_max)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -178,6 +181,31 @@ static bool is_sidecar(struct mosquitto *client)
 		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
 }
 
+/* The forwarding connection or its offline session (given is_sidecar). */
+static bool is_fwd(struct mosquitto *client)
+{
+	return client == g.fwd || streq(mosquitto_client_id(client), g.fwd_id);
+}
+
+/* What shed.c needs to know: the filters .fwd subscribes to, and the copies routed to it. */
+static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
+{
+	if(ed->topic == NULL) return;
+	switch(ed->access){
+		case MOSQ_ACL_SUBSCRIBE:
+			shed_fwd_filter(ed->topic, true);
+			break;
+		case MOSQ_ACL_UNSUBSCRIBE:
+			shed_fwd_filter(ed->topic, false);
+			break;
+		case MOSQ_ACL_READ:
+			shed_fwd_routed(ed->qos);
+			break;
+		default:
+			break;
+	}
+}
+
 static bool is_recheck(struct mosquitto *client)
 {
 	if(client == g.kicking) return true;
@@ -248,7 +276,10 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}else{
 		origin_event();
 	}
-	if(is_sidecar(ed->client)) return MOSQ_ERR_SUCCESS;
+	if(is_sidecar(ed->client)){
+		if(is_fwd(ed->client)) on_fwd_acl(ed);
+		return MOSQ_ERR_SUCCESS;
+	}
 	if(ed->topic == NULL) return pass;
 
 	switch(ed->access){
@@ -344,6 +375,11 @@ static int on_message(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_on_message(ed);
+	if(ed->qos > 0 && ed->client != g.sidecar && ed->client != g.fwd && !is_sidecar(ed->client)
+			&& shed_publish(ed->client, ed->topic, ed->qos)){
+		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
+		return MOSQ_ERR_ADMINISTRATIVE_ACTION;
+	}
 	if(!ed->retain || ed->client == g.sidecar || ed->client == g.fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -450,6 +486,7 @@ static void free_all(void)
 {
 	model_cleanup();
 	origin_cleanup();
+	shed_cleanup();
 	deny_cleanup();
 	events_cleanup();
 	free(g.secret);
