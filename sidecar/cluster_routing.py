@@ -505,7 +505,8 @@ class ClusterRouting:
 
     def pressure_report(self, now: float) -> Report | None:
         """The overload report the plugin should get now (sidecar.local.pressure), if any."""
-        return self.backpressure.on_tick(self.fwd.unacked(), now)
+        unacked, taken = self.fwd.backlog()
+        return self.backpressure.on_tick(unacked, taken, now)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -130,9 +130,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           " peers at which publishers of QoS > 0 messages peers want are"
                           " disconnected before their message is acked (0: a quarter of the"
                           " forwarding client's Receive Maximum)"),
-        "silent_max": Key(int, 0, _non_negative, "copies Mosquitto may route to the"
-                          " forwarding client without a report from this sidecar before the"
-                          " plugin sheds on its own (0: half of max_queued_messages)"),
+        "backlog_max": Key(int, 0, _non_negative, "copies Mosquitto may hold for the"
+                           " forwarding client (taken and unacknowledged, or not taken yet:"
+                           " the plugin's estimate) before the plugin sheds publishers on its"
+                           " own, also while this sidecar is down (0: half of"
+                           " max_queued_messages)"),
     },
     "log": {
         "level": Key(str, "warning", _one_of("debug", "info", "warning", "error"), "log level"),

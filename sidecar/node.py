@@ -177,7 +177,7 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         node_id=config.node_id, plugin_path=find_plugin(mqtt["plugin"]),
         socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
         include_path=include, external_auth=mqtt["external_auth"],
-        external_acl=mqtt["external_acl"], fwd_silent_max=config["overload"]["silent_max"],
+        external_acl=mqtt["external_acl"], fwd_backlog_max=config["overload"]["backlog_max"],
     ))
 
 
@@ -364,11 +364,12 @@ class Node:
                                "publishers_shed": bp.publishers_shed})
         try:
             reply = await self.link.request("pressure", unacked=report.unacked,
-                                            shed_ms=report.shed_ms)
+                                            taken=report.taken, shed_ms=report.shed_ms)
         except (LinkError, CommandFailed) as exc:
             log.debug("overload report failed", extra={"error": str(exc)})
             return
-        bp.on_reply(bool(reply.fields.get("shedding")), int(reply.fields.get("shed_total", 0)))
+        bp.on_reply(bool(reply.fields.get("shedding")), int(reply.fields.get("shed_total", 0)),
+                    int(reply.fields.get("backlog", 0)))
 
     async def _drain(self) -> None:
         """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only

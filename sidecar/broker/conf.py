@@ -33,8 +33,8 @@ def forward_receive_maximum(max_queued: int) -> int:
     return max(20, min(MAX_FORWARD_WINDOW, 32_767 - max_queued))
 
 
-def silent_max_for(max_queued: int) -> int:
-    """Copies routed to a silent sidecar's forwarding session before the plugin sheds
+def backlog_max_for(max_queued: int) -> int:
+    """Copies Mosquitto may hold for the forwarding client before the plugin sheds
     publishers: half of `max_queued_messages` (0, never, when it is unlimited)."""
     return max(100, max_queued // 2) if max_queued > 0 else 0
 
@@ -127,7 +127,7 @@ class BrokerConfig:
     external_auth: str = "auto"
     external_acl: str = "auto"
     sidecar_id: str = "mqfed-sidecar"
-    fwd_silent_max: int = 0
+    fwd_backlog_max: int = 0
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -146,10 +146,10 @@ def render(cfg: BrokerConfig) -> str:
         f"plugin_opt_auth {'defer' if auth else 'grant'}",
         f"plugin_opt_acl {'defer' if acl else 'grant'}",
     ]
-    silent_max = cfg.fwd_silent_max or silent_max_for(user.max_queued if user
-                                                      else DEFAULT_MAX_QUEUED)
-    if silent_max > 0:
-        out.append(f"plugin_opt_fwd_silent_max {silent_max}")
+    backlog_max = cfg.fwd_backlog_max or backlog_max_for(user.max_queued if user
+                                                         else DEFAULT_MAX_QUEUED)
+    if backlog_max > 0:
+        out.append(f"plugin_opt_fwd_backlog_max {backlog_max}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

@@ -98,6 +98,7 @@ class ForwardClient:
         self._flush_scheduled = False
         self._ready = asyncio.Event()
         self.received = 0
+        self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), counted on paho's thread
         self.reinjected = 0
         self._client = sidecar_client(client_id, secret, manual_ack=True)
         self._client.max_inflight_messages_set(1000)
@@ -142,6 +143,7 @@ class ForwardClient:
                 copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
                                  props, sids)
                 with self._lock:
+                    self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
                     self._copies.append(copy)
                     self._schedule()
             elif verdict is Verdict.REACK:
@@ -185,10 +187,11 @@ class ForwardClient:
         self._recover()
         return due
 
-    def unacked(self) -> int:
-        """Copies taken from Mosquitto and not acknowledged to it yet."""
+    def backlog(self) -> tuple[int, int]:
+        """Copies taken from Mosquitto and not acknowledged to it yet, and QoS > 0 copies taken
+        in all (new ones only, not resends) since this client was made."""
         with self._lock:
-            return len(self.tracker.unacked)
+            return len(self.tracker.unacked), self.taken
 
     def stats(self) -> dict[str, int]:
         with self._lock:

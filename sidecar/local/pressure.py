@@ -9,8 +9,10 @@ disconnects their publisher before storing or acknowledging the message
 - a lease from the sidecar runs: this core grants one once the forwarding client holds
   `shed_above` unacknowledged copies, renews it while they stay above `resume_below`, and ends
   it below; a lease the sidecar stops renewing (it died) runs out by itself; or
-- the sidecar has been silent for too many copies (`fwd_silent_max`, the plugin's own check):
-  every report, sent at least every `report_every` seconds, resets that count.
+- its own estimate of the copies Mosquitto holds for the forwarding client reaches
+  `fwd_backlog_max`: copies routed to it (which the plugin counts) minus the copies the
+  sidecar took (the running count in each report), plus the unacknowledged ones. Reports go
+  out at least every `report_every` seconds; without them every routed copy counts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Report:
     """One `pressure` command for the plugin."""
 
     unacked: int
+    taken: int  # copies taken from Mosquitto since the sidecar started
     shed_ms: int  # 0 ends shedding
     changed: bool  # shedding started or stopped with this report
 
@@ -56,11 +59,12 @@ class Backpressure:
         self.shedding = False
         self.episodes = 0  # times shedding started
         self.plugin_shedding = False
+        self.plugin_backlog = 0
         self._plugin_seen = 0  # the plugin's own count (restarts with Mosquitto)
         self._plugin_base = 0
         self._last_report: float | None = None
 
-    def on_tick(self, unacked: int, now: float) -> Report | None:
+    def on_tick(self, unacked: int, taken: int, now: float) -> Report | None:
         """The report to send now, if any."""
         changed = False
         if not self.shedding and unacked >= self.shed_above:
@@ -72,11 +76,13 @@ class Backpressure:
         if not (changed or due):
             return None
         self._last_report = now
-        return Report(unacked, round(self.lease * 1000) if self.shedding else 0, changed)
+        return Report(unacked, taken, round(self.lease * 1000) if self.shedding else 0, changed)
 
-    def on_reply(self, shedding: bool, shed_total: int) -> None:
-        """What the plugin answered: whether it sheds (for any reason) and how many so far."""
+    def on_reply(self, shedding: bool, shed_total: int, backlog: int = 0) -> None:
+        """What the plugin answered: whether it sheds (for any reason), how many so far, and
+        its estimate of the copies Mosquitto holds for the forwarding client."""
         self.plugin_shedding = shedding
+        self.plugin_backlog = backlog
         if shed_total < self._plugin_seen:  # Mosquitto restarted: its count did too
             self._plugin_base += self._plugin_seen
         self._plugin_seen = shed_total
@@ -89,4 +95,5 @@ class Backpressure:
     def status(self) -> dict[str, int | bool]:
         return {"shedding": self.shedding, "plugin_shedding": self.plugin_shedding,
                 "episodes": self.episodes, "publishers_shed": self.publishers_shed,
+                "plugin_backlog": self.plugin_backlog,
                 "shed_above": self.shed_above, "resume_below": self.resume_below}

@@ -154,6 +154,10 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily("mqfed_overload_shedding", "1 while publishers of QoS > 0 "
                                 "messages peers want are disconnected before their ack "
                                 "(overload).", value=int(bp.shedding or bp.plugin_shedding))
+        yield GaugeMetricFamily("mqfed_forward_backlog", "Copies Mosquitto holds for the "
+                                "forwarding client, taken or not (the plugin's estimate; "
+                                "publishers are shed at overload.backlog_max).",
+                                value=bp.plugin_backlog)
         yield CounterMetricFamily("mqfed_publishers_shed", "Publishers disconnected before "
                                   "their message was acknowledged, because of overload.",
                                   value=bp.publishers_shed)

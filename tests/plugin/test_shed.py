@@ -67,7 +67,7 @@ def node(make_broker, clients) -> Node:
 
 def test_while_the_sidecar_sheds_wanted_qos1_publishes_are_refused_without_will(node):
     assert node.stats()["fwd_filters"] == 2
-    reply = node.sc.call("pressure", unacked=9000, shed_ms=5000)
+    reply = node.sc.call("pressure", unacked=9000, taken=0, shed_ms=5000)
     assert reply["ok"] and reply["shedding"] and reply["shed_total"] == 0
 
     pub = node.publisher("pub")
@@ -92,14 +92,14 @@ def test_while_the_sidecar_sheds_wanted_qos1_publishes_are_refused_without_will(
     assert "disconnected publisher 'pub'" in node.b.log()
 
     # the sidecar ends it: the same publisher reconnects and its resend is taken
-    assert node.sc.call("pressure", unacked=100, shed_ms=0)["shedding"] is False
+    assert node.sc.call("pressure", unacked=100, taken=0, shed_ms=0)["shedding"] is False
     again = node.publisher("pub")
     assert not shed(again, "t/x", b"resent")
     assert node.fwd.wait_messages(lambda m: m.payload == b"resent")
     assert node.watch.wait_messages(lambda m: m.payload == b"resent")
 
     # a lease that is not renewed runs out by itself (a sidecar that died while shedding)
-    node.sc.call("pressure", unacked=9000, shed_ms=300)
+    node.sc.call("pressure", unacked=9000, taken=0, shed_ms=300)
     assert shed(node.publisher("pub2"), "t/y", b"in-lease")
     time.sleep(0.5)
     assert not shed(node.publisher("pub3"), "t/y", b"after-lease")
@@ -115,30 +115,60 @@ def test_while_the_sidecar_sheds_wanted_qos1_publishes_are_refused_without_will(
 
 
 def test_bad_pressure_reports_are_refused(node):
-    for fields in ({}, {"unacked": 1}, {"unacked": -1, "shed_ms": 0},
-                   {"unacked": 1, "shed_ms": 600001}):
+    for fields in ({}, {"unacked": 1, "shed_ms": 0}, {"unacked": 1, "taken": 0},
+                   {"unacked": -1, "taken": 0, "shed_ms": 0},
+                   {"unacked": 1, "taken": 0, "shed_ms": 600001}):
         reply = node.sc.call("pressure", **fields)
         assert reply["ok"] is False and reply["error"] == "bad_request"
     assert node.stats()["shedding"] is False
 
 
-def test_a_silent_sidecar_sheds_after_fwd_silent_max_copies(make_broker, clients):
-    node = Node(make_broker, clients, fwd_silent_max=20)
-    node.sc.call("pressure", unacked=0, shed_ms=0)
+def test_copies_waiting_for_a_sidecar_that_is_down_shed_at_fwd_backlog_max(make_broker,
+                                                                          clients):
+    node = Node(make_broker, clients, fwd_backlog_max=20)
+    node.sc.call("pressure", unacked=0, taken=0, shed_ms=0)
     node.fwd.drop()                       # the sidecar is gone; Mosquitto queues for its session
     pub = node.publisher("pub", clean_start=False, session_expiry=600)
     for i in range(20):
         assert not shed(pub, "t/n", f"m{i}".encode())
     assert not shed(pub, "local/n", b"local")            # not for the cluster: accepted
     assert shed(pub, "t/n", b"m20")
-    assert node.stats()["fwd_since_report"] == 20
+    st = node.stats()
+    assert st["fwd_backlog"] == 20 and st["shedding"]
     assert [m.payload for m in node.watch.messages if m.topic.startswith("will/")] == []
+    # a report that took nothing changes nothing: the 20 copies still wait
+    node.sc.call("pressure", unacked=0, taken=0, shed_ms=0)
+    assert shed(node.publisher("pub", clean_start=False, session_expiry=600), "t/n", b"m20")
 
-    # the sidecar reports again: its backlog is known, publishing resumes
-    node.sc.call("pressure", unacked=20, shed_ms=0)
+    # the forwarding connection is back and takes every acknowledged message, in order
+    fwd = node.connect_fwd()
+    got = fwd.wait_messages(lambda m: m.topic == "t/n", count=20)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)]
+    assert node.stats()["fwd_backlog"] == 0
     pub = node.publisher("pub", clean_start=False, session_expiry=600)
     assert not shed(pub, "t/n", b"m20")
-    # every acknowledged message is still queued for the forwarding session
-    fwd = node.connect_fwd()
-    got = fwd.wait_messages(lambda m: m.topic == "t/n", count=21)
-    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(21)]
+    assert fwd.wait_messages(lambda m: m.payload == b"m20")
+
+
+def test_copies_the_sidecar_has_not_taken_count_until_it_reports_them(make_broker, clients):
+    """The sidecar connected but behind: what it has not taken yet (its running count in each
+    report against the copies routed to it) counts towards fwd_backlog_max."""
+    node = Node(make_broker, clients, fwd_backlog_max=10)
+    node.sc.call("pressure", unacked=0, taken=0, shed_ms=0)
+    pub = node.publisher("pub")
+    for i in range(6):
+        assert not shed(pub, "t/n", f"m{i}".encode())
+    node.sc.call("pressure", unacked=0, taken=2, shed_ms=0)   # took 2 of 6: 4 unread
+    assert node.stats()["fwd_unread"] == 4
+    node.sc.call("pressure", unacked=3, taken=2, shed_ms=0)   # + 3 it holds unacked
+    for i in range(6, 9):
+        assert not shed(pub, "t/n", f"m{i}".encode())
+    assert node.stats()["fwd_backlog"] == 10                  # 3 + 4 + 3 routed since
+    assert shed(pub, "t/n", b"m9")
+    # it catches up: took all 9 (running count 11), acked them
+    node.sc.call("pressure", unacked=0, taken=11, shed_ms=0)
+    assert node.stats()["fwd_backlog"] == 0
+    assert not shed(node.publisher("pub"), "t/n", b"m9")
+    # a restarted sidecar counts from 0 again: its count is taken as new
+    node.sc.call("pressure", unacked=0, taken=1, shed_ms=0)
+    assert node.stats()["fwd_backlog"] == 0

@@ -136,7 +136,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
 
     # overload shedding: a persistent publisher (its subscriptions are re-checked at the kick)
     # and a plain QoS 2 one are disconnected from inside the MESSAGE callback
-    assert sc.call("pressure", unacked=1, shed_ms=60000, timeout=20)["shedding"] is True
+    assert sc.call("pressure", unacked=1, taken=0, shed_ms=60000, timeout=20)["shedding"] is True
     shed_p = client("vg-shed", session_expiry=300, clean_start=False, will=("w/shed", b"x"))
     shed_p.connect(timeout=20)
     shed_p.subscribe("z/1", 1, timeout=20)
@@ -146,7 +146,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     shed_q.connect(timeout=20)
     shed_q.c.publish("f/shed", b"refused", qos=2)
     assert shed_q.wait_disconnected(20)
-    assert sc.call("pressure", unacked=0, shed_ms=0, timeout=20)["shed_total"] == 2
+    assert sc.call("pressure", unacked=0, taken=5, shed_ms=0, timeout=20)["shed_total"] == 2
     fwd._send(0xA2, (999).to_bytes(2, "big") + b"\x00" + b"\x00\x0c$share/g/f/#")
     fwd.wait_ack(11, 999, timeout=20)
 

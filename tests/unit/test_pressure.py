@@ -12,16 +12,16 @@ from sidecar.local.pressure import Backpressure, Report, shed_threshold
 
 def test_shedding_starts_at_the_threshold_is_renewed_and_ends_below_the_lower_one():
     bp = Backpressure(100, 40, report_every=0.5, lease=5.0)
-    assert bp.on_tick(0, 0.0) == Report(0, 0, False)        # first report at once
-    assert bp.on_tick(99, 0.1) is None                      # below, not due
-    assert bp.on_tick(100, 0.2) == Report(100, 5000, True)  # at once, not waiting for 0.5 s
+    assert bp.on_tick(0, 7, 0.0) == Report(0, 7, 0, False)        # first report at once
+    assert bp.on_tick(99, 7, 0.1) is None                      # below, not due
+    assert bp.on_tick(100, 7, 0.2) == Report(100, 7, 5000, True)  # at once, not waiting for 0.5 s
     assert bp.shedding and bp.episodes == 1
-    assert bp.on_tick(60, 0.3) is None
-    assert bp.on_tick(60, 0.75) == Report(60, 5000, False)  # renewed while above 40
-    assert bp.on_tick(39, 0.8) == Report(39, 0, True)       # ends at once
+    assert bp.on_tick(60, 7, 0.3) is None
+    assert bp.on_tick(60, 7, 0.75) == Report(60, 7, 5000, False)  # renewed while above 40
+    assert bp.on_tick(39, 7, 0.8) == Report(39, 7, 0, True)       # ends at once
     assert not bp.shedding
-    assert bp.on_tick(99, 1.0) is None and bp.on_tick(99, 1.35) == Report(99, 0, False)
-    assert bp.on_tick(100, 1.4) == Report(100, 5000, True) and bp.episodes == 2
+    assert bp.on_tick(99, 7, 1.0) is None and bp.on_tick(99, 7, 1.35) == Report(99, 7, 0, False)
+    assert bp.on_tick(100, 7, 1.4) == Report(100, 7, 5000, True) and bp.episodes == 2
 
 
 def test_thresholds_default_and_checked():
@@ -44,14 +44,14 @@ def test_the_plugins_count_survives_a_mosquitto_restart():
     assert bp.status()["publishers_shed"] == 6
 
 
-def test_the_plugin_is_told_to_shed_only_above_the_silence_count_it_is_configured_with():
+def test_the_plugin_gets_its_backlog_limit_from_max_queued_messages_or_the_config():
     text = broker_conf.render(broker_conf.BrokerConfig(
         node_id="n1", plugin_path="/p.so", socket_path="/s", secret="x"))
-    assert "plugin_opt_fwd_silent_max 5000" in text.splitlines()
+    assert "plugin_opt_fwd_backlog_max 5000" in text.splitlines()
     text = broker_conf.render(broker_conf.BrokerConfig(
-        node_id="n1", plugin_path="/p.so", socket_path="/s", secret="x", fwd_silent_max=7))
-    assert "plugin_opt_fwd_silent_max 7" in text.splitlines()
-    assert broker_conf.silent_max_for(0) == 0 and broker_conf.silent_max_for(100) == 100
+        node_id="n1", plugin_path="/p.so", socket_path="/s", secret="x", fwd_backlog_max=7))
+    assert "plugin_opt_fwd_backlog_max 7" in text.splitlines()
+    assert broker_conf.backlog_max_for(0) == 0 and broker_conf.backlog_max_for(100) == 100
 
 
 @given(st.lists(st.tuples(st.integers(0, 300), st.floats(0.0, 2.0)), max_size=60),
@@ -67,7 +67,7 @@ def test_reports_follow_the_hysteresis_and_are_never_late(steps, high):
             shedding = True
         elif shedding and unacked < low:
             shedding = False
-        report = bp.on_tick(unacked, now)
+        report = bp.on_tick(unacked, len(steps), now)
         assert bp.shedding == shedding
         if shedding != before:
             assert report is not None and report.changed
@@ -75,6 +75,7 @@ def test_reports_follow_the_hysteresis_and_are_never_late(steps, high):
             assert report is not None          # the plugin's silence count is reset in time
         if report is not None:
             assert report.shed_ms == (3000 if shedding else 0) and report.unacked == unacked
+            assert report.taken == len(steps)
             last_report = now
         else:
             assert last_report is not None and now - last_report < 0.5

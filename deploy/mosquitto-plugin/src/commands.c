@@ -319,22 +319,24 @@ static void cmd_admit(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
-/* The sidecar's report (every ~0.5 s): its unacknowledged copies, and how long to shed. */
+/* The sidecar's report (every ~0.5 s): the copies it holds unacknowledged, its running count
+ * of copies taken, and how long to shed (shed.c). */
 static void cmd_pressure(const struct request *rq, const cJSON *req)
 {
-	uint64_t unacked, lease;
+	uint64_t unacked, taken, lease;
 	cJSON *o;
 
-	if(!get_uint(req, "unacked", &unacked) || !get_uint(req, "shed_ms", &lease)
-			|| lease > 600000){
+	if(!get_uint(req, "unacked", &unacked) || !get_uint(req, "taken", &taken)
+			|| !get_uint(req, "shed_ms", &lease) || lease > 600000){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	shed_report(unacked, (int64_t)lease);
+	shed_report(unacked, taken, (int64_t)lease);
 	o = reply_new(rq, true);
 	if(o){
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
 		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
+		cJSON_AddNumberToObject(o, "backlog", (double)shed_backlog());
 	}
 	reply_send(rq, o);
 }
@@ -363,6 +365,8 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)g.fwd_q2_evicted);
 		cJSON_AddNumberToObject(o, "fwd_filters", HASH_COUNT(g.fwd_filters));
 		cJSON_AddNumberToObject(o, "fwd_since_report", (double)g.fwd_since_report);
+		cJSON_AddNumberToObject(o, "fwd_unread", (double)g.fwd_unread);
+		cJSON_AddNumberToObject(o, "fwd_backlog", (double)shed_backlog());
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
 		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
 		cal = cJSON_AddObjectToObject(o, "calibration");

@@ -183,9 +183,11 @@ struct mqfed {
 
 	/* overload shedding (shed.c) */
 	struct fwd_filter *fwd_filters;
-	uint64_t fwd_silent_max;   /* option fwd_silent_max: 0 = never shed on silence */
+	uint64_t fwd_backlog_max;  /* option fwd_backlog_max: 0 = never shed on the estimate */
 	uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidecar's last report */
+	uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
 	uint64_t fwd_reported_unacked;
+	uint64_t fwd_taken_seen;   /* the sidecar's running count of copies taken, last reported */
 	int64_t shed_until_ms;     /* the sidecar's lease: shed while now_ms() < this */
 	uint64_t shed_total;       /* publishers disconnected */
 	int64_t shed_logged_ms;
@@ -221,7 +223,9 @@ uint64_t ev_oldest(void);
 /* shed.c */
 void shed_fwd_filter(const char *filter, bool subscribed);
 void shed_fwd_routed(uint8_t qos);
-void shed_report(uint64_t unacked, int64_t lease_ms);
+void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms);
+void shed_fwd_connected(void);
+uint64_t shed_backlog(void);
 bool shed_active(void);
 bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos);
 void shed_cleanup(void);

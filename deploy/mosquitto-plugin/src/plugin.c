@@ -67,7 +67,7 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 	g.heartbeat_ms = 1000;
 	g.snapshot_chunk = 500;
 	g.fwd_q2_max = 65535;
-	g.fwd_silent_max = 0;
+	g.fwd_backlog_max = 0;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -97,8 +97,8 @@ static int parse_options(struct mosquitto_opt *opts, int count)
 			g.snapshot_chunk = (unsigned)v;
 		}else if(streq(k, "fwd_qos2_max")){
 			if(parse_u64(k, val, 1, 1000000, &g.fwd_q2_max)) return -1;
-		}else if(streq(k, "fwd_silent_max")){
-			if(parse_u64(k, val, 0, UINT32_MAX, &g.fwd_silent_max)) return -1;
+		}else if(streq(k, "fwd_backlog_max")){
+			if(parse_u64(k, val, 0, UINT32_MAX, &g.fwd_backlog_max)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -199,6 +199,12 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 			shed_fwd_filter(ed->topic, false);
 			break;
 		case MOSQ_ACL_READ:
+			/* not the re-check of its queued messages while .fwd connects (state not yet
+			 * active, handle_connect.c): those were counted when they were routed */
+			if(ed->client == g.fwd && mosquitto__get_state
+					&& mosquitto__get_state(ed->client) != MOSQ_CS_ACTIVE){
+				break;
+			}
 			shed_fwd_routed(ed->qos);
 			break;
 		default:
@@ -327,6 +333,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		if(streq(id, g.fwd_id)){
 			g.fwd = client;
 			origin_fwd_auth(client);
+			shed_fwd_connected();
 		}else{
 			g.sidecar = client;
 			g.publishing = false; /* until it asks with resume or snapshot */

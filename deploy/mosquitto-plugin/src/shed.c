@@ -12,8 +12,11 @@
  *
  * Overloaded means either
  *   - the sidecar says so: its lease (`pressure` command, shed_ms) has not run out, or
- *   - the sidecar went silent: more than fwd_silent_max QoS > 0 copies were routed to .fwd since
- *     its last `pressure` report (it crashed, hangs, or restarts while publishers go on).
+ *   - the copies Mosquitto holds for .fwd reach fwd_backlog_max, by this estimate: the copies
+ *     the sidecar holds unacknowledged (its last report) + the copies routed to .fwd that it
+ *     has not taken (routed, counted here at each READ check, minus its running count of
+ *     copies taken, from each report). A sidecar that crashed, hangs or restarts reports
+ *     nothing, so every copy routed to .fwd counts until it is back.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,17 +53,36 @@ void shed_fwd_routed(uint8_t qos)
 	if(qos > 0) g.fwd_since_report++;
 }
 
-void shed_report(uint64_t unacked, int64_t lease_ms)
+/* `taken` is the sidecar's running count (it restarts from 0 with the sidecar). Copies it
+ * takes again after a reconnect count twice, so the estimate errs low, never high, and it
+ * starts again from 0 at every reconnect of .fwd. */
+void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms)
 {
+	uint64_t fresh = taken >= g.fwd_taken_seen ? taken - g.fwd_taken_seen : taken;
+	uint64_t routed = g.fwd_unread + g.fwd_since_report;
+
+	g.fwd_unread = routed > fresh ? routed - fresh : 0;
+	g.fwd_taken_seen = taken;
 	g.fwd_since_report = 0;
 	g.fwd_reported_unacked = unacked;
 	g.shed_until_ms = lease_ms > 0 ? now_ms() + lease_ms : 0;
 }
 
+void shed_fwd_connected(void)
+{
+	g.fwd_unread = 0;
+	g.fwd_reported_unacked = 0;
+}
+
+uint64_t shed_backlog(void)
+{
+	return g.fwd_reported_unacked + g.fwd_unread + g.fwd_since_report;
+}
+
 bool shed_active(void)
 {
 	if(g.shed_until_ms != 0 && now_ms() < g.shed_until_ms) return true;
-	return g.fwd_silent_max > 0 && g.fwd_since_report >= g.fwd_silent_max;
+	return g.fwd_backlog_max > 0 && shed_backlog() >= g.fwd_backlog_max;
 }
 
 static bool wanted_by_fwd(const char *topic)
