@@ -51,6 +51,7 @@ class PublishResult:
     sent: int = 0
     acked: int = 0
     failed: int = 0  # PUBACKs with a failure reason code
+    disconnects: int = 0  # by the broker (overload shedding); paho reconnects and resends
     first_ns: int = 0
     last_ns: int = 0
     cpu_seconds: float = 0.0
@@ -70,12 +71,18 @@ class Publisher:
         self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                                   client_id=spec.client_id, protocol=mqtt.MQTTv5)
         self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
+        self.client.reconnect_delay_set(min_delay=0.05, max_delay=1)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if not reason_code.is_failure:
             self._receive_max = getattr(properties, "ReceiveMaximum", 0) or 0
             self._connected.set()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code != 0:  # not our own DISCONNECT: an overloaded node sheds publishers
+            self.result.disconnects += 1
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         self.result.acked += 1
@@ -117,7 +124,9 @@ class Publisher:
             t = time.time_ns()
             info = self.client.publish(spec.topic, payload.encode(self.index, seq, t, spec.size),
                                        qos=spec.qos)
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            # NO_CONN at QoS > 0: paho keeps the message and sends it after reconnecting
+            if info.rc != mqtt.MQTT_ERR_SUCCESS and not (
+                    info.rc == mqtt.MQTT_ERR_NO_CONN and spec.qos > 0):
                 res.error = f"publish failed: {mqtt.error_string(info.rc)}"
                 break
             if trace is not None:

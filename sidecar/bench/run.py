@@ -143,6 +143,7 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
                       max(r.last_ns for r in results))
     return {"case": target.key, "title": TITLES[target.key], **asdict(stats),
             "acked": sum(r.acked for r in results), "ack_failures": sum(r.failed for r in results),
+            "publisher_disconnects": sum(r.disconnects for r in results),
             "publisher_errors": [r.error for r in results if r.error],
             "publisher_pids": pool.pids,
             "cpu_percent": cpu, "log_warnings": watch.new_warnings()}

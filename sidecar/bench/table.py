@@ -52,6 +52,10 @@ def render(report: dict[str, Any]) -> str:
             for node, counters in case["routing"].items():
                 text = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
                 lines.append(f"  {case['case']}: {node} routing: {text or 'nothing'}")
+        if case.get("publisher_disconnects"):
+            lines.append(f"  {case['case']}: publishers disconnected by the broker "
+                         f"{case['publisher_disconnects']} times (overload shedding); each "
+                         "reconnected and resent what was not acknowledged")
         for err in case["publisher_errors"]:
             lines.append(f"  {case['case']}: publisher error: {err}")
         for warning in case["log_warnings"]:
