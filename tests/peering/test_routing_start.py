@@ -20,6 +20,8 @@ from sidecar.routing.table import SubscriptionTable
 class _NoBroker:
     """The forwarding client's surface that `start`/`stop` touch."""
 
+    receive_maximum = 16_384
+
     def __init__(self, **_callbacks) -> None:
         self.connected = False
 
