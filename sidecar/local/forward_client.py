@@ -5,6 +5,11 @@ that forwarded traffic never delays plugin events. It holds the forwarding subsc
 union of peers' interest: QoS 2, No Local, Retain As Published, one subscription identifier
 per filter), receives local publishes with manual acks, and re-injects messages that peers
 forwarded. No Local means it never receives its own re-injections, so nothing loops.
+
+Its network I/O runs on the asyncio loop (sidecar.local.paho_loop), not on paho's thread: a
+copy reaches the forwarder and its ack leaves without a thread handoff. The loop may then read
+more slowly than Mosquitto routes; overload shedding (sidecar.local.pressure) bounds what
+Mosquitto holds meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from sidecar.local.events import MessageProperties
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
+from sidecar.local.paho_loop import LoopDriver
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
@@ -97,22 +103,28 @@ class ForwardClient:
         self._published: list[int] = []
         self._flush_scheduled = False
         self._ready = asyncio.Event()
+        self._driver: LoopDriver | None = None
         self.received = 0
         self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), counted on paho's thread
         self.reinjected = 0
         self._client = sidecar_client(client_id, secret, manual_ack=True)
-        self._client.max_inflight_messages_set(1000)
+        # No client-side cap on re-injections in flight: with a cap, paho scans every message
+        # in flight on each PUBACK (`_update_inflight`), a third of a receiving sidecar's CPU
+        # at full speed. Mosquitto 2.0.11 does not count QoS 1 publishes against its Receive
+        # Maximum, and a QoS 2 one waits only until paho's PUBREL (limit: 20 +
+        # max_queued_messages awaiting PUBREL).
+        self._client.max_inflight_messages_set(0)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
         self._client.on_publish = self._on_publish
 
-    # ---- paho thread -------------------------------------------------------------------
+    # ---- paho callbacks (on the loop thread, from LoopDriver) --------------------------
     def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -121,12 +133,11 @@ class ForwardClient:
         assert self._loop is not None
         with self._lock:
             self.tracker.on_connect(bool(flags.session_present))
-        self._loop.call_soon_threadsafe(self._ready.set)
-        self._loop.call_soon_threadsafe(self.on_connected, bool(flags.session_present))
+        self._ready.set()
+        self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._ready.clear)
+        self._ready.clear()
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == PROBE_TOPIC:
@@ -150,14 +161,13 @@ class ForwardClient:
                 client.ack(msg.mid, msg.qos)
         if recover:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._recover)
+            self._loop.call_soon(self._recover)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         with self._lock:
             self._published.append(mid)
             self._schedule()
 
-    # ---- asyncio thread ----------------------------------------------------------------
     def _recover(self) -> None:
         """Reconnect (the session stays), so Mosquitto resends the copies it dropped."""
         with self._lock:
@@ -218,9 +228,10 @@ class ForwardClient:
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = FORWARD_SESSION_EXPIRY
         props.ReceiveMaximum = self.receive_maximum
+        self._driver = LoopDriver(self._client, self._loop)
         self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=False,
                              properties=props)
-        self._client.loop_start()
+        self._driver.start()
         await asyncio.wait_for(self._ready.wait(), timeout)
 
     def subscribe(self, filter: str, subscription_id: int, no_local: bool) -> None:
@@ -257,5 +268,5 @@ class ForwardClient:
         return self._client.publish(BARRIER_TOPIC, b"", qos=1).mid
 
     def close(self) -> None:
-        self._client.disconnect()
-        self._client.loop_stop()
+        if self._driver is not None:
+            self._driver.stop()
