@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# This process uses gRPC in-process (peering and admin tests) and later forks: pyspark starts
+# its JVM launcher with a preexec_fn, so with fork(), not vfork(). gRPC's fork handlers exist
+# for children that keep using gRPC, which none here does; with them, a fork while gRPC threads
+# run once killed the child before exec ("Java gateway process exited before sending its port
+# number", with gRPC's "skipping fork() handlers" just before). Set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import shutil
 import tempfile
 from pathlib import Path
