@@ -56,7 +56,9 @@ log = logging.getLogger("mqfed.routing")
 ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
 BATCH_MESSAGES = 500
 BATCH_BYTES = 1 << 20
-PERSIST_AFTER = 0.05  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
+PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
+# (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
+# a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
 BACKLOG = 2000  # queued messages at reconnect above which a peer's backlog drains at DRAIN_RATE
 DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
 # per-subscriber queues (max_queued_messages), which drop messages silently

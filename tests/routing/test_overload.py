@@ -108,7 +108,7 @@ def test_a_sidecar_behind_by_backlog_max_copies_sheds_until_it_has_taken_them(
     while traffic flows; once about 800 wait for it in Mosquitto the plugin disconnects the
     publisher. When the sidecar resumes and reports what it took, publishing resumes; nothing
     acknowledged is lost. (A slow *peer* does not cause this: copies it has not confirmed
-    within 50 ms are stored on disk and acknowledged.)"""
+    within 0.5 s are stored on disk and acknowledged.)"""
     cluster = cluster_factory(2, env={"MQFED_OVERLOAD_BACKLOG_MAX": "800"})
     conf = (cluster.run_dir / "nodes" / "n1" / "mosquitto.conf").read_text()
     assert "plugin_opt_fwd_backlog_max 800" in conf.splitlines()
