@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,14 +97,13 @@ class ForwardClient:
         self.on_published = on_published
         self.on_connected = on_connected
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
         self._copies: list[LocalCopy] = []
         self._published: list[int] = []
         self._flush_scheduled = False
         self._ready = asyncio.Event()
         self._driver: LoopDriver | None = None
         self.received = 0
-        self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), counted on paho's thread
+        self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), reported to the plugin
         self.reinjected = 0
         self._client = sidecar_client(client_id, secret, manual_ack=True)
         # No client-side cap on re-injections in flight: with a cap, paho scans every message
@@ -131,8 +129,7 @@ class ForwardClient:
             log.error("forwarding client refused: %s", reason_code)
             return
         assert self._loop is not None
-        with self._lock:
-            self.tracker.on_connect(bool(flags.session_present))
+        self.tracker.on_connect(bool(flags.session_present))
         self._ready.set()
         self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
@@ -141,22 +138,19 @@ class ForwardClient:
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == PROBE_TOPIC:
-            with self._lock:
-                self.tracker.on_probe(msg.mid)
-                recover = self.tracker.holding
+            self.tracker.on_probe(msg.mid)
+            recover = self.tracker.holding
             client.ack(msg.mid, msg.qos)
         else:
-            with self._lock:
-                verdict = self.tracker.on_copy(msg.mid, msg.qos, bool(msg.dup), time.monotonic())
-                recover = self.tracker.holding or self.tracker.lost > self._lost_logged
+            verdict = self.tracker.on_copy(msg.mid, msg.qos, bool(msg.dup), time.monotonic())
+            recover = self.tracker.holding or self.tracker.lost > self._lost_logged
             if verdict is Verdict.TAKE:
                 props, sids = from_paho_properties(getattr(msg, "properties", None))
                 copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
                                  props, sids)
-                with self._lock:
-                    self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
-                    self._copies.append(copy)
-                    self._schedule()
+                self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
+                self._copies.append(copy)
+                self._schedule()
             elif verdict is Verdict.REACK:
                 client.ack(msg.mid, msg.qos)
         if recover:
@@ -164,15 +158,13 @@ class ForwardClient:
             self._loop.call_soon(self._recover)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
-        with self._lock:
-            self._published.append(mid)
-            self._schedule()
+        self._published.append(mid)
+        self._schedule()
 
     def _recover(self) -> None:
         """Reconnect (the session stays), so Mosquitto resends the copies it dropped."""
-        with self._lock:
-            recover = self.tracker.should_recover(time.monotonic())
-            dropped, lost = self.tracker.dropped_seen, self.tracker.lost
+        recover = self.tracker.should_recover(time.monotonic())
+        dropped, lost = self.tracker.dropped_seen, self.tracker.lost
         if lost > self._lost_logged:
             self._lost_logged = lost
             log.error("Mosquitto discarded messages that peers subscribe to: its queue for the "
@@ -192,30 +184,26 @@ class ForwardClient:
 
     def wants_probe(self) -> bool:
         """True (once per due probe) when the plugin should send a probe now."""
-        with self._lock:
-            due = self.tracker.should_probe(time.monotonic())
+        due = self.tracker.should_probe(time.monotonic())
         self._recover()
         return due
 
     def backlog(self) -> tuple[int, int]:
         """Copies taken from Mosquitto and not acknowledged to it yet, and QoS > 0 copies taken
         in all (new ones only, not resends) since this client was made."""
-        with self._lock:
-            return len(self.tracker.unacked), self.taken
+        return len(self.tracker.unacked), self.taken
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"dropped_by_mosquitto": self.tracker.dropped_seen,
-                    "lost": self.tracker.lost,
-                    "awaited": self.tracker.awaited,
-                    "recoveries": self.tracker.recoveries,
-                    "unacked": len(self.tracker.unacked)}
+        return {"dropped_by_mosquitto": self.tracker.dropped_seen,
+                "lost": self.tracker.lost,
+                "awaited": self.tracker.awaited,
+                "recoveries": self.tracker.recoveries,
+                "unacked": len(self.tracker.unacked)}
 
     def _flush(self) -> None:
-        with self._lock:
-            copies, self._copies = self._copies, []
-            published, self._published = self._published, []
-            self._flush_scheduled = False
+        copies, self._copies = self._copies, []
+        published, self._published = self._published, []
+        self._flush_scheduled = False
         if copies:
             self.received += len(copies)
             self.on_copies(copies)
@@ -248,8 +236,7 @@ class ForwardClient:
     def ack(self, mid: int, qos: int) -> None:
         """Acknowledge a received copy to Mosquitto (PUBACK/PUBREC)."""
         if qos > 0:
-            with self._lock:
-                self.tracker.on_ack(mid)
+            self.tracker.on_ack(mid)
             self._client.ack(mid, qos)
 
     def publish(self, topic: str, payload: bytes, qos: int,
