@@ -51,6 +51,10 @@ def test_each_message_reaches_one_member(cluster_factory, plain_subscriber):
     assert pub.wait_connected()
     for i in range(COUNT):
         pub.publish(f"jobs/{i % 10}", str(i).encode(), qos=1, wait=False)
+        if i % 100 == 99:
+            # at most ~2,500 msgs/s: flat out, this 2-core machine can fall behind far enough
+            # that the origin sheds the publisher, whose QoS 1 resends may then be duplicates
+            time.sleep(0.04)
 
     def delivered() -> int:
         return sum(len(m.messages) for m in members)
@@ -59,7 +63,9 @@ def test_each_message_reaches_one_member(cluster_factory, plain_subscriber):
     time.sleep(1.5)
     counts = collections.Counter(int(msg.payload) for m in members for msg in m.messages)
     duplicates = {k: v for k, v in counts.items() if v > 1}
-    assert not duplicates, f"{len(duplicates)} messages delivered more than once"
+    shed = cluster.metrics("n1").get(("mqfed_publishers_shed_total", ()), 0)
+    assert not duplicates, (f"{len(duplicates)} messages delivered more than once (publisher "
+                            f"shed {shed:g} times)")
     assert len(counts) == COUNT, f"lost {COUNT - len(counts)}"
     per_member = [len(m.messages) for m in members]
     assert all(per_member), f"every member gets some: {per_member}"
