@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REPORT_EVERY = 0.5
-"""Seconds between reports to the plugin (each resets its silence count)."""
+"""Seconds between reports to the plugin (each brings its backlog estimate up to date)."""
 LEASE = 5.0
 """Seconds a shedding lease lasts unless renewed."""
 
