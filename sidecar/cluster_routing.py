@@ -60,6 +60,10 @@ PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack befo
 # (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
 BACKLOG = 2000  # queued messages at reconnect above which a peer's backlog drains at DRAIN_RATE
+ACK_LINGER = 0.005  # seconds an ack to a peer waits for company: at a moderate rate each
+# message otherwise costs a gRPC write of its own on the receiver and a read on the origin;
+# acks only release the origin's hold on Mosquitto, never a subscriber's delivery
+ACK_BATCH = 256  # acks to a peer that are sent at once without waiting for the linger
 DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
 # per-subscriber queues (max_queued_messages), which drop messages silently
 
@@ -92,6 +96,7 @@ class ClusterRouting:
         self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
         self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
         self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
@@ -142,6 +147,8 @@ class ClusterRouting:
         self._tasks.append(asyncio.create_task(self._faults_loop()))
 
     async def stop(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -287,7 +294,7 @@ class ClusterRouting:
             if copy.properties.user:  # the only cost for untraced messages
                 self._trace_copy(copy.properties.user, actions)
             self._run_forward(actions)
-        self._schedule_flush()
+        self._flush()  # now: this is already a batch, and a loop turn costs latency
 
     def _trace_copy(self, user: tuple[tuple[str, str], ...], actions) -> None:
         trace = trace_id(user)
@@ -407,10 +414,6 @@ class ClusterRouting:
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
             if peer in self._drain_budget:
                 self._drain_budget[peer] = (budget, now)
-        for peer, acks in self._acks.items():
-            if acks:
-                self.transport.reply(peer, wire.ack_frame(acks))
-        self._acks.clear()
 
     def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
         """How many queued messages may go to `peer` now: unlimited for live traffic, paced
@@ -449,7 +452,6 @@ class ClusterRouting:
                     self.tracer.expect_ack(pmid, trace)
             if env.qos:
                 self._reinjecting[pmid] = (peer, env.origin_incarnation, env.origin_seq)
-        self._schedule_flush()
 
     def _trace_received(self, peer: str, msg: peer_pb2.Envelope, now_ms: float) -> str | None:
         trace = trace_id((p.key, p.value) for p in msg.user_properties)
@@ -465,10 +467,25 @@ class ClusterRouting:
             entry = self._reinjecting.pop(mid, None)
             if entry is not None:
                 self._ack_peer(entry[0], entry[1], entry[2], ACK_OK)
-        self._schedule_flush()
 
     def _ack_peer(self, peer: str, inc: int, seq: int, status: int) -> None:
-        self._acks.setdefault(peer, []).append((inc, seq, status))
+        """Queue an ack to `peer`; acks leave ACK_LINGER after the first one waiting, or at
+        once when ACK_BATCH of them wait for one peer."""
+        acks = self._acks.setdefault(peer, [])
+        acks.append((inc, seq, status))
+        if len(acks) >= ACK_BATCH:
+            self._send_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_LINGER, self._send_acks)
+
+    def _send_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        for peer, acks in self._acks.items():
+            if acks:
+                self.transport.reply(peer, wire.ack_frame(acks))
+        self._acks.clear()
 
     def shared_members(self, group: str, filter: str) -> list[str]:
         """Local clients holding ``$share/<group>/<filter>`` to pick from: the online ones,
@@ -503,7 +520,6 @@ class ClusterRouting:
             self.counters["shared_rejected"] += 1
         if env.qos:
             self._ack_peer(peer, env.origin_incarnation, env.origin_seq, status)
-            self._schedule_flush()
 
     def pressure_report(self, now: float) -> Report | None:
         """The overload report the plugin should get now (sidecar.local.pressure), if any."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import importlib.metadata
 import json
@@ -558,6 +559,7 @@ class Node:
         self.stream.start()
         self._run_actions(self.stream.on_snapshot(snapshot))
         background = [asyncio.create_task(self._ticker())]
+        gc.freeze()  # what start-up built lives on: later full collections skip it
         if self.broker is not None:
             background.append(asyncio.create_task(
                 self.broker.supervise(self._on_broker_restart)))

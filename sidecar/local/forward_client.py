@@ -30,7 +30,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from sidecar.local.events import MessageProperties
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
-from sidecar.local.paho_loop import LoopDriver
+from sidecar.local.paho_loop import BufferedReadClient, LoopDriver
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
@@ -105,7 +105,8 @@ class ForwardClient:
         self.received = 0
         self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), reported to the plugin
         self.reinjected = 0
-        self._client = sidecar_client(client_id, secret, manual_ack=True)
+        self._client = sidecar_client(client_id, secret, manual_ack=True,
+                                      client_class=BufferedReadClient)
         # No client-side cap on re-injections in flight: with a cap, paho scans every message
         # in flight on each PUBACK (`_update_inflight`), a third of a receiving sidecar's CPU
         # at full speed. Mosquitto 2.0.11 does not count QoS 1 publishes against its Receive
@@ -119,10 +120,13 @@ class ForwardClient:
 
     # ---- paho callbacks (on the loop thread, from LoopDriver) --------------------------
     def _schedule(self) -> None:
+        """Hand copies and publish confirmations over: after the read under way, else once
+        this loop iteration ends."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
+            if self._driver is None or not self._driver.reading:
+                assert self._loop is not None
+                self._loop.call_soon(self._flush)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -201,6 +205,8 @@ class ForwardClient:
                 "unacked": len(self.tracker.unacked)}
 
     def _flush(self) -> None:
+        if not self._flush_scheduled:
+            return
         copies, self._copies = self._copies, []
         published, self._published = self._published, []
         self._flush_scheduled = False
@@ -217,6 +223,7 @@ class ForwardClient:
         props.SessionExpiryInterval = FORWARD_SESSION_EXPIRY
         props.ReceiveMaximum = self.receive_maximum
         self._driver = LoopDriver(self._client, self._loop)
+        self._driver.after_read = self._flush
         self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=False,
                              properties=props)
         self._driver.start()

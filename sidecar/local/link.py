@@ -51,10 +51,11 @@ class LinkError(RuntimeError):
     """The link to the local Mosquitto or its plugin failed; the message says what to check."""
 
 
-def sidecar_client(client_id: str, secret: str, manual_ack: bool = False) -> mqtt.Client:
+def sidecar_client(client_id: str, secret: str, manual_ack: bool = False,
+                   client_class: type[mqtt.Client] = mqtt.Client) -> mqtt.Client:
     """A paho MQTT v5 client over the private unix socket with the sidecar's credentials,
     reconnecting quickly, with no client-side publish queue limit."""
-    client = mqtt.Client(
+    client = client_class(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
         protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=True, manual_ack=manual_ack,
     )

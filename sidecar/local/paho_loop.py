@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -19,7 +20,42 @@ import paho.mqtt.client as mqtt
 log = logging.getLogger("mqfed.forward")
 
 READ_BATCH = 512
-"""Packets read per readiness event at most (then other tasks run)."""
+"""Packets read per turn at most (then other tasks run)."""
+READ_CHUNK = 65536
+"""Bytes asked of the socket per read by `BufferedReadClient`."""
+
+
+class BufferedReadClient(mqtt.Client):
+    """A paho client that reads its socket in chunks. paho reads each packet with three or
+    more `recv` calls (the command byte, each length byte, the body); this serves them from one
+    larger read, which saves the forwarding client 3 of its 4 read syscalls per message.
+    Only for a client driven by `LoopDriver`: paho's own loop would `select` on a socket whose
+    data already sits in this buffer."""
+
+    _rsock: socket.socket | None = None
+    _rbuf: bytes = b""
+    _rpos: int = 0
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        sock = self._sock
+        if sock is None:
+            raise ConnectionError("self._sock is None")
+        if sock is not self._rsock:  # a new connection: nothing buffered belongs to it
+            self._rsock, self._rbuf, self._rpos = sock, b"", 0
+        buf, pos = self._rbuf, self._rpos
+        if pos >= len(buf):
+            buf = sock.recv(READ_CHUNK)  # BlockingIOError: nothing to read; b"": EOF
+            if len(buf) <= bufsize:
+                self._rbuf, self._rpos = b"", 0
+                return buf
+            pos = 0
+            self._rbuf = buf
+        self._rpos = pos + bufsize
+        return buf[pos:pos + bufsize]
+
+    def buffered(self) -> bool:
+        """Whether read bytes wait in the buffer (the socket will not signal them)."""
+        return self._rsock is self._sock and self._rpos < len(self._rbuf)
 
 
 class LoopDriver:
@@ -33,6 +69,11 @@ class LoopDriver:
         self.max_delay = max_delay
         self.reconnects = 0
         self._sock: socket.socket | None = None
+        self._write_due = False  # packets wait for the end of a read or of this iteration
+        self._writer_added = False  # the socket is watched for writability
+        self._reading = False
+        self.after_read: Callable[[], None] = lambda: None
+        """Called after each read turn, outside paho's callbacks (the owner's hand-over)."""
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         client.on_socket_open = self._on_open
@@ -57,31 +98,78 @@ class LoopDriver:
     def _on_close(self, client: mqtt.Client, userdata: Any, sock: socket.socket) -> None:
         self.loop.remove_reader(sock)
         self.loop.remove_writer(sock)
+        self._writer_added = False
         self._sock = None
         if not self._stopping:
             self._spawn(self._reconnect(), "paho-reconnect")
 
     def _on_register_write(self, client: mqtt.Client, userdata: Any,
                            sock: socket.socket) -> None:
-        self.loop.add_writer(sock, self.client.loop_write)
+        """paho queued a packet: write it now, as paho's own unthreaded mode does, unless a
+        read is under way or a paho callback runs (paho's callback lock is not reentrant);
+        then once the read or the loop iteration ends. The socket is watched for writability
+        only when it did not take everything."""
+        if self._write_due:
+            return
+        lock = client._in_callback_mutex  # paho 2.2
+        if self._reading or not lock.acquire(False):
+            self._write_due = True
+            if not self._reading:
+                self.loop.call_soon(self._write)
+            return
+        lock.release()
+        self._write()
 
     def _on_unregister_write(self, client: mqtt.Client, userdata: Any,
                              sock: socket.socket) -> None:
-        self.loop.remove_writer(sock)
+        if self._writer_added:
+            self._writer_added = False
+            self.loop.remove_writer(sock)
+
+    def _write(self) -> None:
+        self._write_due = False
+        client = self.client
+        client.loop_write()
+        sock = client.socket()
+        if sock is not None and client.want_write() and not self._writer_added:
+            self._writer_added = True
+            self.loop.add_writer(sock, client.loop_write)
 
     def _read(self) -> None:
-        """Read what the socket holds, up to READ_BATCH packets. paho's `loop_read` reads one
-        packet when nothing of ours is in flight; this reads until the socket is drained."""
+        """Read what the socket holds, up to READ_BATCH packets per turn (paho's `loop_read`
+        reads one packet when nothing of ours is in flight), then run `after_read` and write
+        what paho queued meanwhile (acks)."""
         client = self.client
+        self._reading = True
+        try:
+            more = self._read_packets(client)
+        finally:
+            self._reading = False
+        try:
+            self.after_read()
+        finally:
+            if self._write_due:
+                self._write()
+            if more:
+                self.loop.call_soon(self._read)  # buffered bytes raise no readiness event
+
+    def _read_packets(self, client: mqtt.Client) -> bool:
+        """Read up to READ_BATCH packets; True when read bytes are left in the buffer."""
         for _ in range(READ_BATCH):
             if client.socket() is None:
-                return
+                return False
             rc = client._packet_read()  # paho 2.2: what loop_read does per packet
             if rc == mqtt.MQTT_ERR_AGAIN:
-                return
+                return False
             if rc > 0:
                 client._loop_rc_handle(rc)  # closes the socket, calls on_disconnect
-                return
+                return False
+        return isinstance(client, BufferedReadClient) and client.buffered()
+
+    @property
+    def reading(self) -> bool:
+        """True while paho callbacks run from a read (`after_read` follows it)."""
+        return self._reading
 
     # ---- timers ------------------------------------------------------------------------
     async def _misc_loop(self) -> None:
