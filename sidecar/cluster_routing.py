@@ -64,6 +64,11 @@ ACK_LINGER = 0.005  # seconds an ack to a peer waits for company: at a moderate 
 # message otherwise costs a gRPC write of its own on the receiver and a read on the origin;
 # acks only release the origin's hold on Mosquitto, never a subscriber's delivery
 ACK_BATCH = 256  # acks to a peer that are sent at once without waiting for the linger
+LINGER = 0.0005  # seconds a small batch waits for company while Mosquitto holds a backlog
+LINGER_BELOW = 64  # messages: a batch this small may linger
+LINGER_BACKLOG = 200  # copies Mosquitto holds for the forwarding client (the plugin's estimate)
+# above which the origin is behind: then fewer, larger frames raise its throughput (each gRPC
+# write costs about as much as 10 small messages), and the messages wait anyway
 DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
 # per-subscriber queues (max_queued_messages), which drop messages silently
 
@@ -97,6 +102,7 @@ class ClusterRouting:
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._linger_until: dict[str, float] = {}  # peer -> when its lingering batch leaves
         self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
         self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
         self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
@@ -187,6 +193,7 @@ class ClusterRouting:
             if queue is not None:
                 queue.store.close()
             self._offered_at.pop(peer, None)
+            self._linger_until.pop(peer, None)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
@@ -225,6 +232,9 @@ class ClusterRouting:
         if queue is not None:
             queue.on_disconnected()
             self._settle_durable(peer)
+
+    def on_outbound_drained(self, peer: str) -> None:
+        self._schedule_flush()  # the next frame: whatever queued while the last was written
 
     def on_inbound_up(self, peer: str, accept: Accept) -> None:
         self.on_peer_hello(accept.peer)
@@ -405,7 +415,11 @@ class ClusterRouting:
             if not queue.connected or not self.transport.connected(peer):
                 continue
             budget = self._budget(peer, queue, now)
-            while self.transport.queued(peer) < 8 and budget >= 1:
+            # A frame is built only when the stream is free: messages arriving during a
+            # write join the next frame, so frames grow with the load (fewer, larger writes)
+            if self._linger(peer, queue, now):
+                continue
+            while not self.transport.busy(peer) and budget >= 1:
                 batch = queue.next_batch(int(min(BATCH_MESSAGES, budget)), BATCH_BYTES)
                 if not batch:
                     break
@@ -414,6 +428,24 @@ class ClusterRouting:
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
             if peer in self._drain_budget:
                 self._drain_budget[peer] = (budget, now)
+
+    def _linger(self, peer: str, queue: OutboundQueue, now: float) -> bool:
+        """Whether `peer`'s next batch waits (at most LINGER) for more messages: only while
+        the origin is behind (see LINGER_BACKLOG) and the batch is small, so a moderate rate
+        never waits."""
+        if (self.backpressure.plugin_backlog <= LINGER_BACKLOG
+                or queue.unsent_in_memory() >= LINGER_BELOW):
+            self._linger_until.pop(peer, None)
+            return False
+        until = self._linger_until.get(peer)
+        if until is None:
+            self._linger_until[peer] = now + LINGER
+            asyncio.get_running_loop().call_later(LINGER, self._schedule_flush)
+            return True
+        if now < until:  # its timer is pending
+            return True
+        del self._linger_until[peer]
+        return False
 
     def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
         """How many queued messages may go to `peer` now: unlimited for live traffic, paced

@@ -30,7 +30,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from sidecar.local.events import MessageProperties
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
-from sidecar.local.paho_loop import BufferedReadClient, LoopDriver
+from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
+from sidecar.local.paho_loop import LeanClient, LoopDriver
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
@@ -43,11 +44,11 @@ PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:
     """MQTT v5 PUBLISH properties for paho, or None when there are none."""
+    if props == NO_PROPERTIES:  # most messages: no paho object to build
+        return None
     out = Properties(PacketTypes.PUBLISH)
-    used = False
     if props.user:
         out.UserProperty = list(props.user)
-        used = True
     for name, value in (("ContentType", props.content_type),
                         ("PayloadFormatIndicator", props.payload_format),
                         ("CorrelationData", props.correlation_data),
@@ -55,8 +56,7 @@ def to_paho_properties(props: MessageProperties) -> Properties | None:
                         ("MessageExpiryInterval", props.message_expiry)):
         if value is not None:
             setattr(out, name, value)
-            used = True
-    return out if used else None
+    return out
 
 
 def from_paho_properties(props: Properties | None) -> tuple[MessageProperties, tuple[int, ...]]:
@@ -106,7 +106,7 @@ class ForwardClient:
         self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), reported to the plugin
         self.reinjected = 0
         self._client = sidecar_client(client_id, secret, manual_ack=True,
-                                      client_class=BufferedReadClient)
+                                      client_class=LeanClient)
         # No client-side cap on re-injections in flight: with a cap, paho scans every message
         # in flight on each PUBACK (`_update_inflight`), a third of a receiving sidecar's CPU
         # at full speed. Mosquitto 2.0.11 does not count QoS 1 publishes against its Receive
@@ -116,6 +116,7 @@ class ForwardClient:
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_publish_packet = self._on_packet
         self._client.on_publish = self._on_publish
 
     # ---- paho callbacks (on the loop thread, from LoopDriver) --------------------------
@@ -141,19 +142,25 @@ class ForwardClient:
         self._ready.clear()
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        """A copy paho decoded (QoS 2, or one the lean decoder left to paho)."""
+        props, sids = from_paho_properties(getattr(msg, "properties", None))
+        self._on_packet(LeanPublish(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
+                                    bool(msg.dup), props, sids))
+
+    def _on_packet(self, msg: LeanPublish) -> None:
+        client = self._client
         if msg.topic == PROBE_TOPIC:
             self.tracker.on_probe(msg.mid)
             recover = self.tracker.holding
             client.ack(msg.mid, msg.qos)
         else:
-            verdict = self.tracker.on_copy(msg.mid, msg.qos, bool(msg.dup), time.monotonic())
+            verdict = self.tracker.on_copy(msg.mid, msg.qos, msg.dup, time.monotonic())
             recover = self.tracker.holding or self.tracker.lost > self._lost_logged
             if verdict is Verdict.TAKE:
-                props, sids = from_paho_properties(getattr(msg, "properties", None))
-                copy = LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
-                                 props, sids)
                 self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
-                self._copies.append(copy)
+                self._copies.append(LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos,
+                                              msg.retain, msg.properties,
+                                              msg.subscription_ids))
                 self._schedule()
             elif verdict is Verdict.REACK:
                 client.ack(msg.mid, msg.qos)

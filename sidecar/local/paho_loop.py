@@ -16,6 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from sidecar.local import mqtt_codec
+from sidecar.local.mqtt_codec import LeanPublish
 
 log = logging.getLogger("mqfed.forward")
 
@@ -56,6 +62,46 @@ class BufferedReadClient(mqtt.Client):
     def buffered(self) -> bool:
         """Whether read bytes wait in the buffer (the socket will not signal them)."""
         return self._rsock is self._sock and self._rpos < len(self._rbuf)
+
+
+class LeanClient(BufferedReadClient):
+    """The forwarding client's paho client: MQTT v5 PUBLISH packets at QoS 0 and 1 are decoded
+    by `sidecar.local.mqtt_codec` and handed to `on_publish_packet`, and bare PUBACKs settle
+    their publish, both without paho's per-packet `Properties`, `ReasonCode` and
+    `MQTTMessage` objects. QoS 2 and anything the lean decoder refuses go through paho as
+    before (to `on_message`)."""
+
+    on_publish_packet: Callable[[LeanPublish], None] | None = None
+
+    def _handle_publish(self) -> mqtt.MQTTErrorCode:
+        hook = self.on_publish_packet
+        header = self._in_packet["command"]
+        if hook is None or header & 0x06 == 0x04 or self._protocol != mqtt.MQTTv5:
+            return super()._handle_publish()
+        try:
+            packet = mqtt_codec.decode_publish(header, self._in_packet["packet"])
+        except (ValueError, IndexError):  # paho decodes it, or reports it malformed
+            return super()._handle_publish()
+        with self._in_callback_mutex:  # as paho's on_message: LoopDriver defers writes
+            hook(packet)
+        if packet.qos == 1 and not self._manual_ack:
+            return self._send_puback(packet.mid)
+        return mqtt.MQTT_ERR_SUCCESS
+
+    def _handle_pubackcomp(self, cmd: Any) -> mqtt.MQTTErrorCode:
+        packet = self._in_packet["packet"]
+        if len(packet) != 2:  # a reason code or properties: paho decodes them
+            return super()._handle_pubackcomp(cmd)
+        mid = (packet[0] << 8) | packet[1]
+        with self._out_message_mutex:
+            if mid in self._out_messages:
+                return self._do_on_publish(mid, _SUCCESS[cmd], _NO_PROPS[cmd])
+        return mqtt.MQTT_ERR_SUCCESS
+
+
+_SUCCESS = {"PUBACK": ReasonCode(PacketTypes.PUBACK), "PUBCOMP": ReasonCode(PacketTypes.PUBCOMP)}
+_NO_PROPS = {"PUBACK": Properties(PacketTypes.PUBACK), "PUBCOMP": Properties(PacketTypes.PUBCOMP)}
+"""Shared by every bare ack (a 2-byte PUBACK/PUBCOMP means success without properties)."""
 
 
 class LoopDriver:

@@ -12,7 +12,8 @@ disconnects their publisher before storing or acknowledging the message
 - its own estimate of the copies Mosquitto holds for the forwarding client reaches
   `fwd_backlog_max`: copies routed to it (which the plugin counts) minus the copies the
   sidecar took (the running count in each report), plus the unacknowledged ones. Reports go
-  out at least every `report_every` seconds; without them every routed copy counts.
+  out at least every `report_every` seconds, every `report_busy` seconds while copies flow;
+  without them every routed copy counts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from dataclasses import dataclass
 
 REPORT_EVERY = 0.5
 """Seconds between reports to the plugin (each brings its backlog estimate up to date)."""
+REPORT_BUSY = 0.05
+"""Seconds between reports while copies flow: between reports the plugin counts every copy
+routed to the forwarding client as still held, so at a full-speed 14,000 copies/s a 0.5 s
+gap alone would reach the default backlog limit of 5,000 and shed publishers needlessly."""
 LEASE = 5.0
 """Seconds a shedding lease lasts unless renewed."""
 
@@ -46,7 +51,8 @@ class Backpressure:
     """Hysteresis over the forwarding client's unacknowledged copies, and the report cadence."""
 
     def __init__(self, shed_above: int, resume_below: int | None = None,
-                 report_every: float = REPORT_EVERY, lease: float = LEASE) -> None:
+                 report_every: float = REPORT_EVERY, lease: float = LEASE,
+                 report_busy: float = REPORT_BUSY) -> None:
         if resume_below is None:
             resume_below = shed_above // 2
         if not 0 <= resume_below < shed_above:
@@ -55,6 +61,7 @@ class Backpressure:
         self.shed_above = shed_above
         self.resume_below = resume_below
         self.report_every = report_every
+        self.report_busy = report_busy
         self.lease = lease
         self.shedding = False
         self.episodes = 0  # times shedding started
@@ -63,6 +70,7 @@ class Backpressure:
         self._plugin_seen = 0  # the plugin's own count (restarts with Mosquitto)
         self._plugin_base = 0
         self._last_report: float | None = None
+        self._last_taken = 0
 
     def on_tick(self, unacked: int, taken: int, now: float) -> Report | None:
         """The report to send now, if any."""
@@ -72,10 +80,12 @@ class Backpressure:
             self.episodes += 1
         elif self.shedding and unacked < self.resume_below:
             self.shedding, changed = False, True
-        due = self._last_report is None or now - self._last_report >= self.report_every
+        since = None if self._last_report is None else now - self._last_report
+        due = since is None or since >= self.report_every or (
+            taken != self._last_taken and since >= self.report_busy)
         if not (changed or due):
             return None
-        self._last_report = now
+        self._last_report, self._last_taken = now, taken
         return Report(unacked, taken, round(self.lease * 1000) if self.shedding else 0, changed)
 
     def on_reply(self, shedding: bool, shed_total: int, backlog: int = 0) -> None:

@@ -235,6 +235,10 @@ class OutboundQueue:
         """Data bytes queued (memory and store)."""
         return self.store.bytes() + self._mem_bytes
 
+    def unsent_in_memory(self) -> int:
+        """Messages in memory not sent yet."""
+        return len(self._unsent)
+
     def memory_count(self) -> int:
         return len(self._sent) + len(self._unsent)
 

@@ -1,6 +1,7 @@
 """`FrameStream`: one established peer stream, either direction, after the handshake.
 
-It owns three tasks while `run()` runs: a writer draining the outgoing queue into gRPC, a reader
+It owns three tasks while `run()` runs: a writer draining the outgoing queue into gRPC (telling
+`on_drained` when it has written the last queued frame), a reader
 handing frames to `on_frame` in stream order, and a ticker sending heartbeats and declaring the
 peer dead when nothing arrived for `dead_after` seconds. The stream ends at the first of: the
 peer ends it, gRPC fails it, the watchdog fires, or `close()`. `on_closed` is called exactly
@@ -61,6 +62,7 @@ class FrameStream:
         *,
         on_frame: Callable[[str, peer_pb2.Frame, bool], None],
         on_closed: Callable[[FrameStream, str], None],
+        on_drained: Callable[[FrameStream], None] = lambda stream: None,
         counters: Counters,
         heartbeat_interval: float,
         dead_after: float,
@@ -76,9 +78,11 @@ class FrameStream:
         self._write = write
         self._on_frame = on_frame
         self._on_closed = on_closed
+        self._on_drained = on_drained
         self._heartbeat_interval = heartbeat_interval
         self._dead_after = dead_after
         self._queue: deque[bytes] = deque()
+        self._writing = False
         self.queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -88,6 +92,11 @@ class FrameStream:
     def queued(self) -> int:
         """Frames waiting to be written."""
         return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        """A frame is being written or waits to be."""
+        return self._writing or bool(self._queue)
 
     def send(self, data: bytes) -> bool:
         """Queue a serialized frame; False once the stream is closed."""
@@ -173,9 +182,15 @@ class FrameStream:
                 await self._wakeup.wait()
             data = queue.popleft()
             self.queued_bytes -= len(data)
-            await self._write(data)
+            self._writing = True
+            try:
+                await self._write(data)
+            finally:
+                self._writing = False
             counters.frames_out += 1
             counters.bytes_out += len(data)
+            if not queue:  # the owner may build its next frame from what gathered meanwhile
+                self._on_drained(self)
 
     async def _tick_loop(self) -> str:
         loop = asyncio.get_running_loop()

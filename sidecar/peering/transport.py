@@ -68,6 +68,10 @@ class PeerHandler(Protocol):
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
         """A frame from `peer`; `inbound` if it came on the stream the peer dialled."""
 
+    def on_outbound_drained(self, peer: str) -> None:
+        """Our stream to `peer` wrote its last queued frame: it is free for the next one
+        (see `busy`)."""
+
     def on_refused(self, peer: str, refuse: peer_pb2.Refuse) -> None:
         """The handshake with `peer` failed (wrong cluster, version, ...); we keep dialling,
         slowly."""
@@ -239,6 +243,12 @@ class PeerTransport:
         stream = None if p is None else p.inbound if inbound else p.outbound
         return 0 if stream is None else stream.queued
 
+    def busy(self, peer: str) -> bool:
+        """Whether our stream to `peer` is writing a frame or has one queued (False if it
+        is not up)."""
+        p = self._peers.get(peer)
+        return p is not None and p.outbound is not None and p.outbound.busy
+
     def states(self) -> dict[str, dict[str, Any]]:
         """Per peer: address, stream states, reconnects, last error, traffic, queue depths."""
         out: dict[str, dict[str, Any]] = {}
@@ -305,10 +315,16 @@ class PeerTransport:
             p.node_id, inbound, read, write,
             on_frame=self.handler.on_frame,
             on_closed=self._stream_closed,
+            on_drained=self._stream_drained,
             counters=p.in_counters if inbound else p.out_counters,
             heartbeat_interval=self.heartbeat_interval,
             dead_after=self.dead_after,
         )
+
+    def _stream_drained(self, stream: FrameStream) -> None:
+        p = self._peers.get(stream.peer)
+        if not stream.inbound and p is not None and p.outbound is stream:
+            self.handler.on_outbound_drained(stream.peer)
 
     def _stream_closed(self, stream: FrameStream, reason: str) -> None:
         p = self._peers.get(stream.peer)

@@ -65,6 +65,9 @@ class Recorder:
         self.frames.append((peer, frame, inbound))
         self.on_any()
 
+    def on_outbound_drained(self, peer: str) -> None:
+        pass
+
     def on_refused(self, peer: str, refuse: peer_pb2.Refuse) -> None:
         self.refusals.append((peer, refuse))
 

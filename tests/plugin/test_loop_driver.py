@@ -1,6 +1,7 @@
 """The forwarding client's paho driver (sidecar.local.paho_loop) against a real Mosquitto:
-chunked reads serve every packet, also what sits in the read buffer after a read turn ends,
-and packets queued inside and outside paho callbacks are all written."""
+chunked reads serve every packet, also what sits in the read buffer after a read turn ends;
+packets queued inside and outside paho callbacks are all written and their PUBACKs settle
+them; with paho's decoder and with the lean one."""
 
 from __future__ import annotations
 
@@ -8,17 +9,26 @@ import asyncio
 import time
 
 import paho.mqtt.client as mqtt
+import pytest
 
 from sidecar.local import paho_loop
-from sidecar.local.paho_loop import BufferedReadClient, LoopDriver
+from sidecar.local.paho_loop import BufferedReadClient, LeanClient, LoopDriver
 from tests.plugin.helpers import Client
 
 TOPIC = "loopdrv/t"
 
 
-def _driven_client(client_id: str) -> BufferedReadClient:
-    return BufferedReadClient(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-                              client_id=client_id, protocol=mqtt.MQTTv5)
+def _driven_client(client_id: str, lean: bool, on_message) -> BufferedReadClient:
+    """A paho client for the driver; `on_message(client, topic, payload)` gets each message,
+    from paho's decoder or (`lean`) from the lean one."""
+    cls = LeanClient if lean else BufferedReadClient
+    client = cls(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                 protocol=mqtt.MQTTv5)
+    if lean:
+        client.on_publish_packet = lambda p: on_message(client, p.topic, p.payload)
+    else:
+        client.on_message = lambda c, u, msg: on_message(client, msg.topic, msg.payload)
+    return client
 
 
 async def _connect(client: mqtt.Client, port: int) -> LoopDriver:
@@ -40,8 +50,9 @@ async def _wait(pred, timeout: float = 20.0) -> bool:
     return True
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["paho-decoder", "lean-decoder"])
 def test_a_burst_larger_than_a_read_turn_arrives_whole_and_in_order(broker, clients,
-                                                                    monkeypatch):
+                                                                    monkeypatch, lean):
     """The burst lands in the socket while the loop is busy, so the first 64 KiB read takes
     all of it; at 7 packets per read turn the rest waits in the buffer, where no readiness
     event announces it: every message must still arrive, in order."""
@@ -55,8 +66,7 @@ def test_a_burst_larger_than_a_read_turn_arrives_whole_and_in_order(broker, clie
 
     async def main() -> list[int]:
         got: list[int] = []
-        client = _driven_client("loopdrv-sub")
-        client.on_message = lambda c, u, msg: got.append(int(msg.payload))
+        client = _driven_client("loopdrv-sub", lean, lambda c, t, p: got.append(int(p)))
         driver = await _connect(client, broker.port)
         subscribed = asyncio.Event()
         client.on_subscribe = lambda *a: subscribed.set()
@@ -75,7 +85,8 @@ def test_a_burst_larger_than_a_read_turn_arrives_whole_and_in_order(broker, clie
     assert got == list(range(total))
 
 
-def test_packets_queued_in_and_outside_callbacks_are_all_written(broker, clients):
+@pytest.mark.parametrize("lean", [False, True], ids=["paho-decoder", "lean-decoder"])
+def test_packets_queued_in_and_outside_callbacks_are_all_written(broker, clients, lean):
     """Publishes from the loop (written at once) and from inside on_message (paho's callback
     lock is held: written after the read turn) all reach Mosquitto and are acknowledged."""
     watcher = clients(Client("loopdrv-watch", port=broker.port))
@@ -87,10 +98,9 @@ def test_packets_queued_in_and_outside_callbacks_are_all_written(broker, clients
 
     async def main() -> tuple[set[int], set[int]]:
         acked: set[int] = set()
-        client = _driven_client("loopdrv-pubber")
+        client = _driven_client("loopdrv-pubber", lean, lambda c, t, p: c.publish(
+            "loopdrv/out/echo/" + p.decode(), p, qos=1))
         client.on_publish = lambda c, u, mid, rc, props: acked.add(mid)
-        client.on_message = lambda c, u, msg: c.publish(
-            "loopdrv/out/echo/" + msg.payload.decode(), msg.payload, qos=1)
         driver = await _connect(client, broker.port)
         subscribed = asyncio.Event()
         client.on_subscribe = lambda *a: subscribed.set()

@@ -24,6 +24,15 @@ def test_shedding_starts_at_the_threshold_is_renewed_and_ends_below_the_lower_on
     assert bp.on_tick(100, 7, 1.4) == Report(100, 7, 5000, True) and bp.episodes == 2
 
 
+def test_reports_come_every_tick_while_copies_flow():
+    bp = Backpressure(100, 40, report_every=0.5, report_busy=0.05)
+    assert bp.on_tick(0, 0, 0.0) is not None
+    assert bp.on_tick(0, 500, 0.03) is None                        # too soon
+    assert bp.on_tick(0, 700, 0.05) == Report(0, 700, 0, False)    # copies flowed
+    assert bp.on_tick(0, 700, 0.10) is None                        # idle: every 0.5 s
+    assert bp.on_tick(0, 700, 0.55) == Report(0, 700, 0, False)
+
+
 def test_thresholds_default_and_checked():
     assert shed_threshold(16_384) == 4096 and shed_threshold(16_384, 50) == 50
     assert shed_threshold(4) == 2
@@ -54,28 +63,33 @@ def test_the_plugin_gets_its_backlog_limit_from_max_queued_messages_or_the_confi
     assert broker_conf.backlog_max_for(0) == 0 and broker_conf.backlog_max_for(100) == 100
 
 
-@given(st.lists(st.tuples(st.integers(0, 300), st.floats(0.0, 2.0)), max_size=60),
+@given(st.lists(st.tuples(st.integers(0, 300), st.floats(0.0, 2.0), st.integers(0, 50)),
+                max_size=60),
        st.integers(2, 200))
 def test_reports_follow_the_hysteresis_and_are_never_late(steps, high):
     low = high // 2
-    bp = Backpressure(high, low, report_every=0.5, lease=3.0)
-    now, shedding, last_report = 0.0, False, None
-    for unacked, dt in steps:
+    bp = Backpressure(high, low, report_every=0.5, lease=3.0, report_busy=0.05)
+    now, shedding, last_report, taken, reported_taken = 0.0, False, None, 0, 0
+    for unacked, dt, new_copies in steps:
         now += dt
+        taken += new_copies
         before = shedding
         if not shedding and unacked >= high:
             shedding = True
         elif shedding and unacked < low:
             shedding = False
-        report = bp.on_tick(unacked, len(steps), now)
+        report = bp.on_tick(unacked, taken, now)
         assert bp.shedding == shedding
         if shedding != before:
             assert report is not None and report.changed
         if last_report is None or now - last_report >= 0.5:
             assert report is not None          # the plugin's silence count is reset in time
+        if last_report is not None and taken != reported_taken and now - last_report >= 0.05:
+            assert report is not None          # copies flow: the estimate follows closely
         if report is not None:
             assert report.shed_ms == (3000 if shedding else 0) and report.unacked == unacked
-            assert report.taken == len(steps)
-            last_report = now
+            assert report.taken == taken
+            last_report, reported_taken = now, taken
         else:
             assert last_report is not None and now - last_report < 0.5
+            assert taken == reported_taken or now - last_report < 0.05
