@@ -18,6 +18,7 @@ from typing import Any
 
 from sidecar._proto import peer_pb2
 from sidecar.admin.trace import TraceRecorder, trace_id
+from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock, MessageId
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
@@ -30,7 +31,7 @@ from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import PeerTransport
-from sidecar.retained.service import TOMBSTONE_GRACE, ReadRetained, RetainedService
+from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -69,6 +70,10 @@ LINGER_BELOW = 64  # messages: a batch this small may linger
 LINGER_BACKLOG = 200  # copies Mosquitto holds for the forwarding client (the plugin's estimate)
 # above which the origin is behind: then fewer, larger frames raise its throughput (each gRPC
 # write costs about as much as 10 small messages), and the messages wait anyway
+REPLAY_SHARE = 0.8  # of max_queued_messages: a backlog in Mosquitto for the forwarding client
+# above this (only possible with overload.backlog_max raised, or after this sidecar stalled)
+# is forwarded paced, like a backlog after an outage: all at once it could overrun a
+# subscriber's queue (max_queued_messages) on the receiving node, where Mosquitto drops silently
 DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
 # per-subscriber queues (max_queued_messages), which drop messages silently
 
@@ -120,6 +125,7 @@ class ClusterRouting:
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
         self.backpressure = Backpressure(shed_threshold(self.fwd.receive_maximum, shed_above))
+        self._replay_above = int(REPLAY_SHARE * max(0, self.fwd.max_queued))
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
                                         self.fwd, lambda: list(self.queues), read_retained,
                                         tombstone_grace)
@@ -449,9 +455,19 @@ class ClusterRouting:
 
     def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
         """How many queued messages may go to `peer` now: unlimited for live traffic, paced
-        at DRAIN_RATE while the backlog found at reconnect drains."""
-        if peer not in self._drain_budget or queue.count() <= BACKLOG // 2:
-            self._drain_budget.pop(peer, None)
+        at DRAIN_RATE while a backlog drains: the one found at reconnect, or a replay (see
+        REPLAY_SHARE) taken out of Mosquitto after this sidecar stalled."""
+        backlog = self.backpressure.plugin_backlog
+        replay = self._replay_above
+        if peer not in self._drain_budget:
+            if not replay or backlog <= replay:
+                return float("inf")
+            log.warning("a backlog of %d copies waits in Mosquitto (this sidecar stalled?): "
+                        "forwarding it paced at %d msgs/s so subscribers on %s keep up",
+                        backlog, DRAIN_RATE, peer, extra={"peer": peer})
+            self._drain_budget[peer] = (DRAIN_RATE / 4, now)
+        elif queue.count() <= BACKLOG // 2 and (not replay or backlog <= replay // 2):
+            del self._drain_budget[peer]
             return float("inf")
         tokens, at = self._drain_budget[peer]
         tokens = min(tokens + (now - at) * DRAIN_RATE, DRAIN_RATE / 4)

@@ -65,6 +65,12 @@ def _non_negative(value: int) -> int:
     return value
 
 
+
+TOMBSTONE_GRACE = 86_400.0
+"""Default of `retained.tombstone_grace`: seconds a tombstone (or an expired message) is kept
+before every node forgets it. A node cut off from the cluster for longer may bring the deleted
+value back when it returns."""
+
 @dataclass(frozen=True)
 class Key:
     type: type
@@ -121,9 +127,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "lease_ttl": Key(int, 5, _positive, "etcd lease TTL in seconds"),
     },
     "retained": {
-        "tombstone_grace": Key(float, 86400.0, _positive, "seconds deleted and expired retained"
-                               " messages are remembered (longer than any outage or partition a"
-                               " node may come back from)"),
+        "tombstone_grace": Key(float, TOMBSTONE_GRACE, _positive, "seconds deleted and expired"
+                               " retained messages are remembered (longer than any outage or"
+                               " partition a node may come back from)"),
     },
     "overload": {
         "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"

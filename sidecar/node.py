@@ -169,11 +169,23 @@ class NodeLayout:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
+def user_settings(config: NodeConfig) -> broker_conf.UserSettings | None:
+    """The user's own Mosquitto settings (`mqtt.include`), or None without any."""
+    include = config["mqtt"]["include"]
+    return broker_conf.read_user_settings(Path(include)) if include else None
+
+
+def max_queued_messages(config: NodeConfig) -> int:
+    """Mosquitto's `max_queued_messages` on this node: the user's, else mqfed's default."""
+    user = user_settings(config)
+    return user.max_queued if user is not None else broker_conf.DEFAULT_MAX_QUEUED
+
+
 def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -> str:
     """The Mosquitto config text for this node (see sidecar.broker.conf)."""
     mqtt = config["mqtt"]
     include = Path(mqtt["include"]) if mqtt["include"] else None
-    user = broker_conf.read_user_settings(include) if include else None
+    user = user_settings(config)
     return broker_conf.render(broker_conf.BrokerConfig(
         node_id=config.node_id, plugin_path=find_plugin(mqtt["plugin"]),
         socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
@@ -460,9 +472,7 @@ class Node:
                       grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
                       admin_address=cfg.advertised("admin"))
         socket_path = self.layout.socket_path
-        include = cfg["mqtt"]["include"]
-        max_queued = (broker_conf.read_user_settings(Path(include)).max_queued if include
-                      else broker_conf.DEFAULT_MAX_QUEUED)
+        max_queued = max_queued_messages(cfg)
         window = broker_conf.forward_receive_maximum(max_queued)
 
         def forward_client(**callbacks) -> ForwardClient:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar._proto import peer_pb2
+from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import from_paho_properties
@@ -47,9 +48,6 @@ READ_BATCH = 200  # with the plugin's event window (500), below a stock max_queu
 READ_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 10.0  # a re-injection unconfirmed this long (lost with a connection) counts
 TICK = 0.2
-TOMBSTONE_GRACE = 86_400
-"""Seconds a tombstone (or an expired message) is kept before every node forgets it. A node
-cut off from the cluster for longer may bring the deleted value back when it returns."""
 PRIVATE_PREFIX = "$mqfed/"
 
 ReadRetained = Callable[[list[str]], Awaitable[Mapping[str, ReadValue]]]

@@ -21,6 +21,7 @@ class _NoBroker:
     """The forwarding client's surface that `start`/`stop` touch."""
 
     receive_maximum = 16_384
+    max_queued = 10_000
 
     def __init__(self, **_callbacks) -> None:
         self.connected = False
