@@ -423,7 +423,7 @@ class ClusterRouting:
             budget = self._budget(peer, queue, now)
             # A frame is built only when the stream is free: messages arriving during a
             # write join the next frame, so frames grow with the load (fewer, larger writes)
-            if self._linger(peer, queue, now):
+            if self.transport.busy(peer) or self._linger(peer, queue, now):
                 continue
             while not self.transport.busy(peer) and budget >= 1:
                 batch = queue.next_batch(int(min(BATCH_MESSAGES, budget)), BATCH_BYTES)
