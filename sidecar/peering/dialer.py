@@ -74,6 +74,7 @@ async def dial(
     with `credentials`); raise DialError or PeerRefused."""
     channel = (grpc.aio.insecure_channel(address, options=options) if credentials is None
                else grpc.aio.secure_channel(address, credentials, options=options))
+    call = None
     try:
         method = channel.stream_stream(
             wire.METHOD, request_serializer=None, response_deserializer=wire.decode
@@ -121,5 +122,7 @@ async def dial(
             raise PeerRefused(wire.refuse_message(result), by_peer=False)
         return Dialled(channel, call, result)
     except BaseException:
+        if call is not None:  # else its status may never arrive once the channel is closed
+            call.cancel()
         await channel.close(None)
         raise

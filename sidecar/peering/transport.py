@@ -21,6 +21,7 @@ All methods must be called on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -461,6 +462,12 @@ class PeerTransport:
                    " needs the same grpc.token or grpc.token_file")
         self._log_loudly(f"in-auth:{why}", message, remote=context.peer())
         refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
+        # Read (and ignore) the Hello first: with gRPC reading on its poller thread
+        # (sidecar.grpc_tuning), an abort with the first message unread left the dialler's
+        # call without a status now and then, one leaked gRPC task per refused dial.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.hello_timeout):
+                await context.read()
         await context.write(peer_pb2.Frame(refuse=refuse).SerializeToString())
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
