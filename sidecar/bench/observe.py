@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -21,21 +21,38 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14, 15)
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds all processes of this machine used so far (every core, from /proc/stat)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(f) for f in fields[:8]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / TICKS  # minus idle and iowait
+def process_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's name and own user + system CPU seconds so far, by PID."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = entry.joinpath("stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        name = stat[stat.find("(") + 1:stat.rfind(")")]
+        out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
 
 
 class CpuMeter:
-    """CPU use of named PIDs between `start()` and `stop()`, as % of one core; the key
-    "machine" is every process on the machine (others' load shows as the difference)."""
+    """CPU use of named PIDs between `start()` and `stop()`, as % of one core, and under
+    "others" the sum over every other process except those in `exclude`.
 
-    def __init__(self, pids: Mapping[str, int]) -> None:
+    Every figure is per process (/proc/PID/stat, which the kernel scales to the exact run
+    time). The machine-wide counters of /proc/stat are not used: this kernel only samples
+    them at each 4 ms tick, and over four identical 2,000 msgs/s runs they read 14 %, 15 %,
+    33 % and 116 % of a core while the processes' own figures agreed with each other. A
+    process that both starts and ends inside the window is not seen."""
+
+    def __init__(self, pids: Mapping[str, int], exclude: Collection[int] = ()) -> None:
         self.pids = dict(pids)
-        self._start: dict[str, float | None] = {}
+        self.exclude = set(exclude) | set(self.pids.values())
+        self._start: dict[int, tuple[str, float]] = {}
         self._t0 = 0.0
+        self._others: list[tuple[str, int, float]] = []
 
     @property
     def started(self) -> float:
@@ -43,20 +60,31 @@ class CpuMeter:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._start["machine"] = machine_busy_seconds()
+        self._start = process_cpu_seconds()
 
     def stop(self, until: float | None = None) -> dict[str, float]:
-        """CPU % per name over [start, `until` (time.monotonic, default now)]; work done after
-        `until` still counts, so pass the end of the busy period when the rest is idle."""
+        """CPU % per name, and "others", over [start, `until` (time.monotonic, default now)];
+        work done after `until` still counts, so pass the end of the busy period when the
+        rest is idle."""
         wall = max((until or time.monotonic()) - self._t0, 1e-3)
+        now = process_cpu_seconds()
         out = {}
         for name, pid in self.pids.items():
-            end, begin = cpu_seconds(pid), self._start.get(name)
-            if end is not None and begin is not None:
-                out[name] = round(100 * (end - begin) / wall, 1)
-        out["machine"] = round(100 * (machine_busy_seconds() - self._start["machine"]) / wall, 1)
+            if pid in now and pid in self._start:
+                out[name] = round(100 * (now[pid][1] - self._start[pid][1]) / wall, 1)
+        others = []
+        for pid, (name, end) in now.items():
+            if pid not in self.exclude:
+                used = end - self._start.get(pid, (name, 0.0))[1]
+                if used > 0:
+                    others.append((name, pid, round(100 * used / wall, 1)))
+        self._others = sorted(others, key=lambda o: -o[2])
+        out["others"] = round(sum(o[2] for o in others), 1)
         return out
+
+    def busiest_others(self, top: int = 3, at_least: float = 1.0) -> list[tuple[str, int, float]]:
+        """After `stop()`: the busiest of the "others" as (name, pid, %), each ≥ `at_least` %."""
+        return [o for o in self._others[:top] if o[2] >= at_least]
 
 
 class LogWatch:

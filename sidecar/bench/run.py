@@ -121,7 +121,7 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
             trace.write(sub_line("sub", run, tracer.sub, target.sub_node, sub.filter,
                                  _granted(sub, opts.qos), time.time_ns()))
             tracer.start()
-        meter = CpuMeter({**pids, "bench (subscriber)": os.getpid()})
+        meter = CpuMeter({**pids, "bench (subscriber)": os.getpid()}, exclude=pool.pids)
         watch.mark()
         meter.start()
         gc.disable()  # the subscriber's full collections paused it 10-25 ms: noise, not the hop
@@ -143,6 +143,8 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
             trace.close()
         sub.close()
     cpu["publishers"] = round(100 * sum(r.cpu_seconds for r in results) / wall, 1)
+    others = [{"process": name, "pid": pid, "percent": pct}
+              for name, pid, pct in meter.busiest_others()]
     first = min((r.first_ns for r in results if r.sent), default=0)
     stats = summarize(sub.records, {r.index: r.sent for r in results}, first,
                       max(r.last_ns for r in results))
@@ -151,7 +153,7 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
             "publisher_disconnects": sum(r.disconnects for r in results),
             "publisher_errors": [r.error for r in results if r.error],
             "publisher_pids": pool.pids,
-            "cpu_percent": cpu, "log_warnings": watch.new_warnings()}
+            "cpu_percent": cpu, "cpu_others": others, "log_warnings": watch.new_warnings()}
 
 
 def _granted(sub: Subscriber, qos: int) -> int:

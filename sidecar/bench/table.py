@@ -39,13 +39,14 @@ def render(report: dict[str, Any]) -> str:
                   + (f"   b/c: {report['ratio_b_c']}" if "ratio_b_c" in report else ""),
                   f"cross-node hop (b - a): p50 {report['hop_p50_ms']:+.3f} ms, "
                   f"p99 {report['hop_p99_ms']:+.3f} ms"]
-    lines += ["", "CPU during each case (% of one core; 'others' = the rest of the machine):"]
+    lines += ["", "CPU during each case (% of one core; 'others' = every other process):"]
     for case in report["cases"]:
         cpu = dict(case["cpu_percent"])
-        machine = cpu.pop("machine", None)
+        others = cpu.pop("others", None)
         text = ", ".join(f"{name} {pct:g}" for name, pct in cpu.items())
-        if machine is not None:
-            text += f", others {max(0.0, machine - sum(cpu.values())):.1f}"
+        if others is not None:
+            busiest = [f"{o['process']} {o['percent']:g}" for o in case.get("cpu_others", ())]
+            text += f", others {others:g}" + (f" ({', '.join(busiest)})" if busiest else "")
         lines.append(f"  {case['case']}: {text}")
     for case in report["cases"]:
         if "routing" in case:

@@ -68,6 +68,8 @@ def test_bench_runs_three_cases_and_stops_everything(bench_dir: Path) -> None:
         assert case["throughput"] > 0 and not case["publisher_errors"], (name, case)
     assert report["ratio_b_a"] > 0
     assert report["cases"][1]["routing"]["n2"]["reinjected"] >= 2000
+    cpu_b = report["cases"][1]["cpu_percent"]
+    assert cpu_b["n1 sidecar"] > 0 and cpu_b["n2 sidecar"] > 0 and "others" in cpu_b, cpu_b
     started = [*report["processes"].values(),
                *(pid for c in report["cases"] for pid in c["publisher_pids"])]
     assert not [pid for pid in started if pid_alive(pid)], "bench left processes running"
