@@ -11,16 +11,6 @@ TICKS = os.sysconf("SC_CLK_TCK")
 WARNING_WORDS = ("dropped", "error", "warning", "exceeded")
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of `pid` so far, or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14, 15)
-
-
 def process_cpu_seconds() -> dict[int, tuple[str, float]]:
     """Every process's name and own user + system CPU seconds so far, by PID."""
     out = {}
@@ -33,7 +23,8 @@ def process_cpu_seconds() -> dict[int, tuple[str, float]]:
             continue
         fields = stat.rsplit(")", 1)[-1].split()
         name = stat[stat.find("(") + 1:stat.rfind(")")]
-        out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / TICKS)
+        utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of /proc/PID/stat
+        out[int(entry.name)] = (name, (utime + stime) / TICKS)
     return out
 
 

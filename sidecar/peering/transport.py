@@ -462,9 +462,9 @@ class PeerTransport:
                    " needs the same grpc.token or grpc.token_file")
         self._log_loudly(f"in-auth:{why}", message, remote=context.peer())
         refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
-        # Read (and ignore) the Hello first: with gRPC reading on its poller thread
-        # (sidecar.grpc_tuning), an abort with the first message unread left the dialler's
-        # call without a status now and then, one leaked gRPC task per refused dial.
+        # Read (and ignore) the Hello first: an abort with the first message unread now and
+        # then left the dialler's call without a status (a gRPC task that never ends, one per
+        # refused dial); rare with gRPC's defaults, 1 test run in 3 with sidecar.grpc_tuning.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.hello_timeout):
                 await context.read()
