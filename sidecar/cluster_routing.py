@@ -103,7 +103,7 @@ class ClusterRouting:
         self._offered_at: dict[str, dict[int, float]] = {}
         self._qos0: dict[str, list[bytes]] = {}
         self._acks: dict[str, list[tuple[int, int, int]]] = {}
-        self._reinjecting: dict[int, tuple[str, int, int]] = {}  # paho mid -> peer, inc, seq
+        self._reinjecting: dict[int, tuple[str, int, int]] = {}  # ticket -> peer, inc, seq
         self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
         self._ack_timer: asyncio.TimerHandle | None = None

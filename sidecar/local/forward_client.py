@@ -6,6 +6,12 @@ union of peers' interest: QoS 2, No Local, Retain As Published, one subscription
 per filter), receives local publishes with manual acks, and re-injects messages that peers
 forwarded. No Local means it never receives its own re-injections, so nothing loops.
 
+Every publish passes through `ReinjectWindow` (sidecar.local.reinjection): at most Mosquitto's
+Receive Maximum of QoS 1/2 publishes in flight, and only a publish Mosquitto *accepted* (a
+PUBACK/PUBCOMP, not a PUBREC or PUBACK with a failure reason) is reported to `on_published`;
+a refused one is sent again after a backoff, in order per topic. `publish` returns a ticket
+(not a paho mid) that `on_published` reports.
+
 Its network I/O runs on the asyncio loop (sidecar.local.paho_loop), not on paho's thread: a
 copy reaches the forwarder and its ack leaves without a thread handoff. The loop may then read
 more slowly than Mosquitto routes; overload shedding (sidecar.local.pressure) bounds what
@@ -32,6 +38,14 @@ from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
 from sidecar.local.paho_loop import LeanClient, LoopDriver
+from sidecar.local.reinjection import (
+    Confirm,
+    Refused,
+    Reinjection,
+    ReinjectWindow,
+    Send,
+    reason_name,
+)
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")
@@ -105,19 +119,26 @@ class ForwardClient:
         self.received = 0
         self.taken = 0  # new QoS > 0 copies (Verdict.TAKE), reported to the plugin
         self.reinjected = 0
+        self.window = ReinjectWindow()
+        self._tickets = 0
+        self._by_mid: dict[int, int] = {}  # paho mid of a QoS > 0 publish -> its ticket
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._subscribing: dict[int, tuple[str, int, bool]] = {}  # SUBSCRIBE mid -> filter
+        self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
+        self._subscribe_refusals: dict[str, int] = {}  # filter -> refusals in a row
+        self.subscribe_refused = 0
         self._client = sidecar_client(client_id, secret, manual_ack=True,
                                       client_class=LeanClient)
-        # No client-side cap on re-injections in flight: with a cap, paho scans every message
-        # in flight on each PUBACK (`_update_inflight`), a third of a receiving sidecar's CPU
-        # at full speed. Mosquitto 2.0.11 does not count QoS 1 publishes against its Receive
-        # Maximum, and a QoS 2 one waits only until paho's PUBREL (limit: 20 +
-        # max_queued_messages awaiting PUBREL).
+        # No cap in paho: with one, paho scans every message in flight on each PUBACK
+        # (`_update_inflight`), a third of a receiving sidecar's CPU at full speed. The
+        # window (Mosquitto's Receive Maximum) is kept by `self.window` instead.
         self._client.max_inflight_messages_set(0)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
         self._client.on_publish_packet = self._on_packet
         self._client.on_publish = self._on_publish
+        self._client.on_subscribe = self._on_subscribe
 
     # ---- paho callbacks (on the loop thread, from LoopDriver) --------------------------
     def _schedule(self) -> None:
@@ -135,6 +156,7 @@ class ForwardClient:
             return
         assert self._loop is not None
         self.tracker.on_connect(bool(flags.session_present))
+        self._run(self.window.on_connack(getattr(properties, "ReceiveMaximum", None)))
         self._ready.set()
         self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
@@ -142,7 +164,7 @@ class ForwardClient:
         self._ready.clear()
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
-        """A copy paho decoded (QoS 2, or one the lean decoder left to paho)."""
+        """A copy paho decoded (one the lean decoder left to paho)."""
         props, sids = from_paho_properties(getattr(msg, "properties", None))
         self._on_packet(LeanPublish(msg.mid, msg.topic, msg.payload, msg.qos, bool(msg.retain),
                                     bool(msg.dup), props, sids))
@@ -169,8 +191,83 @@ class ForwardClient:
             self._loop.call_soon(self._recover)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
-        self._published.append(mid)
-        self._schedule()
+        """A PUBACK or PUBCOMP, or a PUBREC with a failure (`LeanClient`); QoS 0 publishes
+        are reported when written (not ours to confirm)."""
+        ticket = self._by_mid.pop(mid, None)
+        if ticket is not None:
+            self._run(self.window.on_ack(ticket, reason_code.value, time.monotonic()))
+
+    # ---- the window's actions ----------------------------------------------------------
+    def _run(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self._send(action.item)
+            elif isinstance(action, Confirm):
+                self._published.extend(action.tickets)
+                self._schedule()
+            elif isinstance(action, Refused):
+                self._log_refused(action)
+        self._arm_retry()
+
+    def _send(self, item: Reinjection) -> None:
+        info = self._client.publish(item.topic, item.payload, qos=item.qos, retain=item.retain,
+                                    properties=to_paho_properties(item.properties))
+        if item.qos:
+            self._by_mid[info.mid] = item.ticket
+
+    def _log_refused(self, action: Refused) -> None:
+        item = action.item
+        extra = {"topic": item.topic, "qos": item.qos, "reason": reason_name(item.reason),
+                 "refusals": item.refusals}
+        if action.persistent:
+            log.error("Mosquitto keeps refusing a message forwarded to this node (reason "
+                      "0x%02x); it and later messages on its topic are held and retried, and "
+                      "their origin keeps them. Check this node's ACL and limits for the "
+                      "sidecar's forwarding identity (message_size_limit, acl_file)",
+                      item.reason, extra=extra)
+        elif item.refusals == 1:
+            log.warning("Mosquitto refused a forwarded message; retrying it", extra=extra)
+
+    def _arm_retry(self) -> None:
+        due = self.window.next_due()
+        timer = self._retry_timer
+        if due is None or (timer is not None and timer.when() <= due):
+            return
+        if timer is not None:
+            timer.cancel()
+        assert self._loop is not None
+        self._retry_timer = self._loop.call_at(due, self._on_retry_timer)
+
+    def _on_retry_timer(self) -> None:
+        self._retry_timer = None
+        self._run(self.window.on_timer(time.monotonic()))
+
+    # ---- forwarding subscriptions ------------------------------------------------------
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        """Check the SUBACK: a refused forwarding subscription means peers' clients would
+        miss this node's publishes; it is logged, counted and asked again with backoff."""
+        entry = self._subscribing.pop(mid, None)
+        if entry is None:
+            return
+        filter, subscription_id, no_local = entry
+        code = reason_codes[0].value if reason_codes else 0x80
+        if code < 0x80:
+            self._subscribe_refusals.pop(filter, None)
+            return
+        self.subscribe_refused += 1
+        refusals = self._subscribe_refusals[filter] = self._subscribe_refusals.get(filter, 0) + 1
+        delay = min(30.0, 0.5 * 2 ** (refusals - 1))
+        log.error("Mosquitto refused the forwarding subscription %r (reason 0x%02x): peers' "
+                  "subscribers miss this node's publishes on it until it is accepted; "
+                  "retrying in %.1fs. Check this node's ACL for the sidecar identity",
+                  filter, code, delay, extra={"filter": filter, "refusals": refusals})
+        assert self._loop is not None
+        self._loop.call_later(delay, self._subscribe_again, filter, subscription_id)
+
+    def _subscribe_again(self, filter: str, subscription_id: int) -> None:
+        wanted = self._subscribed.get(filter)
+        if wanted is not None and wanted[0] == subscription_id:
+            self.subscribe(filter, subscription_id, wanted[1])
 
     def _recover(self) -> None:
         """Reconnect (the session stays), so Mosquitto resends the copies it dropped."""
@@ -209,7 +306,13 @@ class ForwardClient:
                 "lost": self.tracker.lost,
                 "awaited": self.tracker.awaited,
                 "recoveries": self.tracker.recoveries,
-                "unacked": len(self.tracker.unacked)}
+                "unacked": len(self.tracker.unacked),
+                "subscribe_refused": self.subscribe_refused,
+                "reinject": self.window.status()}
+
+    def refused_by_reason(self) -> dict[str, int]:
+        """Re-injections Mosquitto refused, by reason (each refusal of each attempt)."""
+        return {reason_name(code): n for code, n in self.window.refused_by_reason.items()}
 
     def _flush(self) -> None:
         if not self._flush_scheduled:
@@ -242,13 +345,18 @@ class ForwardClient:
         props.SubscriptionIdentifier = subscription_id
         options = SubscribeOptions(qos=2, noLocal=no_local, retainAsPublished=True,
                                    retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-        self._client.subscribe(filter, options=options, properties=props)
+        self._subscribed[filter] = (subscription_id, no_local)
+        _, mid = self._client.subscribe(filter, options=options, properties=props)
+        if mid is not None:
+            self._subscribing[mid] = (filter, subscription_id, no_local)
 
     def unsubscribe(self, filter: str) -> None:
+        self._subscribed.pop(filter, None)
+        self._subscribe_refusals.pop(filter, None)
         self._client.unsubscribe(filter)
 
     def ack(self, mid: int, qos: int) -> None:
-        """Acknowledge a received copy to Mosquitto (PUBACK/PUBREC)."""
+        """Accept a received copy: PUBACK, or PUBREC at QoS 2 (`LeanClient.ack`)."""
         if qos > 0:
             self.tracker.on_ack(mid)
             self._client.ack(mid, qos)
@@ -256,18 +364,26 @@ class ForwardClient:
     def publish(self, topic: str, payload: bytes, qos: int,
                 properties: MessageProperties, retain: bool = False) -> int:
         """Re-inject a forwarded message (`retain`: a replicated retained message); returns
-        the paho mid (see `on_published`)."""
+        a ticket that `on_published` reports once Mosquitto accepted it (QoS > 0)."""
         self.reinjected += 1
-        info = self._client.publish(topic, payload, qos=qos, retain=retain,
-                                    properties=to_paho_properties(properties))
-        return info.mid
+        self._tickets += 1
+        ticket = self._tickets
+        self._run(self.window.offer(Reinjection(ticket, topic, payload, qos, retain,
+                                                properties)))
+        return ticket
 
     def barrier(self) -> int:
         """A QoS 1 publish Mosquitto acknowledges and delivers to nobody (a `$CONTROL/` topic
-        without a handler): its PUBACK (`on_published`) proves every earlier publish of this
-        connection was processed. Returns its mid."""
-        return self._client.publish(BARRIER_TOPIC, b"", qos=1).mid
+        without a handler): its PUBACK (`on_published`) proves every earlier QoS 0 publish of
+        this connection was processed. Returns its ticket."""
+        self._tickets += 1
+        ticket = self._tickets
+        self._run(self.window.offer(Reinjection(ticket, BARRIER_TOPIC, b"", 1, False,
+                                                NO_PROPERTIES)))
+        return ticket
 
     def close(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
         if self._driver is not None:
             self._driver.stop()

@@ -91,6 +91,8 @@ class LocalLink:
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
+        self._subscribing: dict[int, list[str]] = {}  # SUBSCRIBE mid -> its filters
         self._reading: tuple[int, dict[str, mqtt.MQTTMessage], asyncio.Future] | None = None
         self._read_lock = asyncio.Lock()
         self._read_id = 0
@@ -100,7 +102,9 @@ class LocalLink:
         if reason_code.is_failure:
             self._refused = str(reason_code)
             return
-        client.subscribe([(EVENTS_TOPIC, 1), (REPLY_TOPIC, 1)])
+        _, mid = client.subscribe([(EVENTS_TOPIC, 1), (REPLY_TOPIC, 1)])
+        with self._lock:
+            self._subscribing[mid] = [EVENTS_TOPIC, REPLY_TOPIC]
         self._publish_sentinel()  # (again: a restarted Mosquitto has lost it)
         self._connections += 1
         first = self._connections == 1
@@ -112,6 +116,24 @@ class LocalLink:
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._connected.clear)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        """Check each SUBACK: a refused filter is logged; a refused read fails that read at
+        once (rather than after its timeout)."""
+        with self._lock:
+            filters = self._subscribing.pop(mid, [])
+            reading = self._reading
+        refused = [f"{f} (0x{rc.value:02x})" for f, rc in zip(filters, reason_codes, strict=False)
+                   if rc.is_failure]
+        if not refused:
+            return
+        log.error("Mosquitto refused the sidecar's subscription to %s; check that the mqfed "
+                  "plugin is the first `plugin` line of Mosquitto's config", ", ".join(refused))
+        if reading is not None and SENTINEL_TOPIC in filters and self._loop is not None:
+            done = reading[2]
+            error = LinkError(f"Mosquitto refused reading retained messages: {refused[0]}")
+            self._loop.call_soon_threadsafe(
+                lambda: done.done() or done.set_exception(error))
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         assert self._loop is not None
@@ -164,8 +186,10 @@ class LocalLink:
             props.SubscriptionIdentifier = self._read_id
             filters = [*topics, SENTINEL_TOPIC]
             try:
-                rc, _ = self._client.subscribe([(t, SubscribeOptions(qos=0)) for t in filters],
-                                               properties=props)
+                with self._lock:  # (the SUBACK may come before subscribe() returns)
+                    rc, mid = self._client.subscribe(
+                        [(t, SubscribeOptions(qos=0)) for t in filters], properties=props)
+                    self._subscribing[mid] = filters
                 if rc != mqtt.MQTT_ERR_SUCCESS:
                     raise LinkError(f"cannot read retained messages: {mqtt.error_string(rc)}")
                 try:

@@ -3,7 +3,7 @@
 paho builds a `Properties` object, a `ReasonCode` and an `MQTTMessage` for every packet; at
 full speed that was most of a sidecar's CPU. The forwarding client only needs the fields
 below, so `sidecar.local.paho_loop.LeanClient` decodes PUBLISH packets here and leaves
-anything this module does not know (QoS 2, a property a PUBLISH may not carry, bad UTF-8) to
+anything this module does not know (a property a PUBLISH may not carry, bad UTF-8) to
 paho.
 """
 

@@ -65,18 +65,18 @@ class BufferedReadClient(mqtt.Client):
 
 
 class LeanClient(BufferedReadClient):
-    """The forwarding client's paho client: MQTT v5 PUBLISH packets at QoS 0 and 1 are decoded
-    by `sidecar.local.mqtt_codec` and handed to `on_publish_packet`, and bare PUBACKs settle
-    their publish, both without paho's per-packet `Properties`, `ReasonCode` and
-    `MQTTMessage` objects. QoS 2 and anything the lean decoder refuses go through paho as
-    before (to `on_message`)."""
+    """The forwarding client's paho client: MQTT v5 PUBLISH packets are decoded by
+    `sidecar.local.mqtt_codec` and handed to `on_publish_packet` when they arrive (QoS 2 ones
+    too, acknowledged by PUBREC through `ack`), and bare PUBACKs settle their publish, both
+    without paho's per-packet `Properties`, `ReasonCode` and `MQTTMessage` objects. Anything
+    the lean decoder refuses goes through paho as before (to `on_message`)."""
 
     on_publish_packet: Callable[[LeanPublish], None] | None = None
 
     def _handle_publish(self) -> mqtt.MQTTErrorCode:
         hook = self.on_publish_packet
         header = self._in_packet["command"]
-        if hook is None or header & 0x06 == 0x04 or self._protocol != mqtt.MQTTv5:
+        if hook is None or self._protocol != mqtt.MQTTv5:
             return super()._handle_publish()
         try:
             packet = mqtt_codec.decode_publish(header, self._in_packet["packet"])
@@ -84,9 +84,35 @@ class LeanClient(BufferedReadClient):
             return super()._handle_publish()
         with self._in_callback_mutex:  # as paho's on_message: LoopDriver defers writes
             hook(packet)
-        if packet.qos == 1 and not self._manual_ack:
+        if self._manual_ack:
+            return mqtt.MQTT_ERR_SUCCESS
+        if packet.qos == 1:
             return self._send_puback(packet.mid)
+        if packet.qos == 2:
+            return self._send_pubrec(packet.mid)
         return mqtt.MQTT_ERR_SUCCESS
+
+    def ack(self, mid: int, qos: int) -> mqtt.MQTTErrorCode:
+        """Accept a received message: PUBACK at QoS 1, PUBREC at QoS 2. A QoS 2 message is
+        handed over when its PUBLISH arrives, like a QoS 1 one (paho waits for the PUBREL,
+        after its own immediate PUBREC): so copies reach their reader in Mosquitto's id order
+        (`sidecar.local.midgaps` relies on it), and Mosquitto keeps one until it is accepted,
+        resending it after a reconnect."""
+        if self._manual_ack and qos == 2:
+            return self._send_pubrec(mid)
+        return super().ack(mid, qos)
+
+    def _handle_pubrel(self) -> mqtt.MQTTErrorCode:
+        """PUBREL of an accepted QoS 2 message: completed at once (PUBCOMP)."""
+        if not self._manual_ack or len(self._in_packet["packet"]) < 2:
+            return super()._handle_pubrel()
+        packet = self._in_packet["packet"]
+        mid = (packet[0] << 8) | packet[1]
+        if mid in self._in_messages:  # one paho decoded (and acknowledged with PUBREC)
+            rc = super()._handle_pubrel()
+            if rc != mqtt.MQTT_ERR_SUCCESS:
+                return rc
+        return self._send_pubcomp(mid)
 
     def _handle_pubackcomp(self, cmd: Any) -> mqtt.MQTTErrorCode:
         packet = self._in_packet["packet"]
@@ -97,6 +123,22 @@ class LeanClient(BufferedReadClient):
             if mid in self._out_messages:
                 return self._do_on_publish(mid, _SUCCESS[cmd], _NO_PROPS[cmd])
         return mqtt.MQTT_ERR_SUCCESS
+
+
+    def _handle_pubrec(self) -> mqtt.MQTTErrorCode:
+        """A PUBREC with a failure reason (0x80 and above) ends the QoS 2 exchange: the message
+        was not accepted (MQTT 5, 4.3.3), so no PUBREL is sent and the publish is reported to
+        `on_publish` with that reason. paho 2.2 ignores the reason, sends PUBREL and reports the
+        (successful) PUBCOMP Mosquitto gives even for a message it never stored."""
+        packet = self._in_packet["packet"]
+        if len(packet) > 2 and packet[2] >= 0x80 and self._protocol == mqtt.MQTTv5:
+            mid = (packet[0] << 8) | packet[1]
+            with self._out_message_mutex:
+                if mid in self._out_messages:
+                    reason = ReasonCode(PacketTypes.PUBREC, identifier=packet[2])
+                    return self._do_on_publish(mid, reason, Properties(PacketTypes.PUBREC))
+            return mqtt.MQTT_ERR_SUCCESS
+        return super()._handle_pubrec()
 
 
 _SUCCESS = {"PUBACK": ReasonCode(PacketTypes.PUBACK), "PUBCOMP": ReasonCode(PacketTypes.PUBCOMP)}

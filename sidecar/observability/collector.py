@@ -167,6 +167,20 @@ class NodeCollector(Collector):
                                   "duplicates.", value=c["duplicates"])
         yield CounterMetricFamily("mqfed_reinjected", "Received messages published locally.",
                                   value=c["reinjected"])
+        refused = _counter("reinject_refused", "Publishes Mosquitto refused from the forwarding "
+                           "client (each attempt; they are retried, never confirmed).",
+                           ["reason"])
+        for reason, n in sorted(r.fwd.refused_by_reason().items()):
+            refused.add_metric([reason], n)
+        yield refused
+        window = fwd["reinject"]
+        yield GaugeMetricFamily("mqfed_reinject_held", "Messages held behind a refused one "
+                                "(retried with backoff).", value=window["held"])
+        yield GaugeMetricFamily("mqfed_reinject_in_flight", "Publishes in flight to Mosquitto "
+                                "(at most its Receive Maximum).", value=window["in_flight"])
+        yield CounterMetricFamily("mqfed_forward_subscribe_refused", "Forwarding "
+                                  "subscriptions Mosquitto refused (retried).",
+                                  value=fwd["subscribe_refused"])
         yield CounterMetricFamily("mqfed_shared_delivered", "Shared-subscription deliveries to "
                                   "a local member.", value=c["shared_delivered"])
         yield GaugeMetricFamily("mqfed_pending_local_acks", "Local QoS >= 1 copies waiting for "

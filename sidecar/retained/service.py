@@ -86,8 +86,8 @@ class RetainedService:
         self._purged_at = 0.0
         self._to_read: dict[str, None] = {}
         self._reader: asyncio.Task | None = None
-        self._mids: dict[int, int] = {}  # forwarding client mid -> re-injection token
-        self._barriers: dict[int, list[int]] = {}  # barrier mid -> QoS 0 tokens behind it
+        self._mids: dict[int, int] = {}  # forwarding client ticket -> re-injection token
+        self._barriers: dict[int, list[int]] = {}  # barrier ticket -> QoS 0 tokens behind it
         self._qos0: list[int] = []
         self._sent_at: dict[int, float] = {}  # token -> when re-injected
         self._task: asyncio.Task | None = None
