@@ -221,6 +221,16 @@ class Node:
         self._snapshot_failures = 0
         self.admin = AdminService(self, VERSION, CRASHED_PEER_RETENTION)
 
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop has begun (`NodeView`)."""
+        return self._stop.is_set()
+
+    @property
+    def peers(self) -> dict[str, str]:
+        """The peers this node routes to, node id -> gRPC address (`NodeView`)."""
+        return dict(self._peers)
+
     # ---- cores → actions ---------------------------------------------------------------
     def _on_events(self, events: list[Event]) -> None:
         now = time.monotonic()

@@ -12,7 +12,7 @@ from sidecar.admin.retained import RetainedSource
 from sidecar.topics import matches
 
 if TYPE_CHECKING:
-    from sidecar.node import Node
+    from sidecar.node_view import NodeView
 
 __all__ = ["Answers", "node_info"]
 
@@ -34,7 +34,7 @@ def _limit(query: admin_pb2.Query) -> int:
 class Answers:
     """Builds this node's part of every admin reply."""
 
-    def __init__(self, node: Node, version: str,
+    def __init__(self, node: NodeView, version: str,
                  retained: Callable[[], RetainedSource]) -> None:
         self.node = node
         self.version = version

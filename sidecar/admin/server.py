@@ -32,7 +32,7 @@ from sidecar.peering.tls import PeerTls
 from sidecar.topics import TopicError, validate_topic
 
 if TYPE_CHECKING:
-    from sidecar.node import Node
+    from sidecar.node_view import NodeView
 
 __all__ = ["AdminServer", "AdminServerError"]
 
@@ -55,7 +55,7 @@ class _Refused(Exception):
 class AdminServer:
     """Serves the Admin service of one node on `listen`."""
 
-    def __init__(self, node: Node, listen: str, policy: AuthPolicy, directory: Directory,
+    def __init__(self, node: NodeView, listen: str, policy: AuthPolicy, directory: Directory,
                  answers: Answers, token: str | None,
                  fanout_timeout: float = FANOUT_TIMEOUT, tls: PeerTls | None = None) -> None:
         self.node = node

@@ -22,7 +22,7 @@ from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
 
 if TYPE_CHECKING:
-    from sidecar.node import Node
+    from sidecar.node_view import NodeView
 
 __all__ = ["AdminService"]
 
@@ -30,7 +30,7 @@ __all__ = ["AdminService"]
 class AdminService:
     """Admin API + metrics of one node."""
 
-    def __init__(self, node: Node, version: str, crashed_retention: float) -> None:
+    def __init__(self, node: NodeView, version: str, crashed_retention: float) -> None:
         self.node = node
         self.version = version
         self.crashed_retention = crashed_retention
@@ -118,7 +118,7 @@ class AdminService:
 
     def _facts(self) -> HealthFacts:
         node = self.node
-        return HealthFacts(node.config.node_id, node.ready, node._stop.is_set(), self._lag,
+        return HealthFacts(node.config.node_id, node.ready, node.stopping, self._lag,
                            str(node.protocol_error) if node.protocol_error else None)
 
     async def _measure_lag(self) -> None:

@@ -24,6 +24,7 @@ from sidecar.local.protocol import (
     REPLY_PREFIX,
     SIDECAR_USERNAME,
 )
+from sidecar.message import MessageProperties
 
 __all__ = [
     "CALIBRATION_SESSION_EXPIRY",
@@ -121,44 +122,33 @@ def _b64_text(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-@dataclass(frozen=True)
-class MessageProperties:
-    """MQTT v5 message properties carried with a retained publish or a deliver command."""
+def properties_to_json(props: MessageProperties) -> dict[str, Any]:
+    """The protocol's ``properties`` object: only the keys that are set."""
+    out: dict[str, Any] = {}
+    if props.user:
+        out["user"] = [[k, v] for k, v in props.user]
+    for f in dataclasses.fields(props)[1:]:
+        value = getattr(props, f.name)
+        if value is not None:
+            out[f.name] = _b64_text(value) if isinstance(value, bytes) else value
+    return out
 
-    user: tuple[tuple[str, str], ...] = ()
-    content_type: str | None = None
-    payload_format: int | None = None
-    correlation_data: bytes | None = None
-    response_topic: str | None = None
-    message_expiry: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The protocol's ``properties`` object: only the keys that are set."""
-        out: dict[str, Any] = {}
-        if self.user:
-            out["user"] = [[k, v] for k, v in self.user]
-        for f in dataclasses.fields(self)[1:]:
-            value = getattr(self, f.name)
-            if value is not None:
-                out[f.name] = _b64_text(value) if isinstance(value, bytes) else value
-        return out
-
-    @classmethod
-    def from_json(cls, obj: Any) -> MessageProperties:
-        """Parse a ``properties`` object (null or absent keys are unset); `ProtocolError` if bad."""
-        if obj is None:
-            return cls()
-        try:
-            obj = _obj(obj)
-        except TypeError:
-            raise ProtocolError(f"properties must be an object, got {_type_name(obj)}") from None
-        user = obj.get("user") or []
-        if not isinstance(user, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in user
-        ):
-            raise ProtocolError("properties: 'user' must be a list of [key, value] strings")
-        props = _build(cls, {**obj, "user": None}, "properties")
-        return dataclasses.replace(props, user=tuple((k, v) for k, v in user))
+def properties_from_json(obj: Any) -> MessageProperties:
+    """Parse a ``properties`` object (null or absent keys are unset); `ProtocolError` if bad."""
+    if obj is None:
+        return MessageProperties()
+    try:
+        obj = _obj(obj)
+    except TypeError:
+        raise ProtocolError(f"properties must be an object, got {_type_name(obj)}") from None
+    user = obj.get("user") or []
+    if not isinstance(user, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in user
+    ):
+        raise ProtocolError("properties: 'user' must be a list of [key, value] strings")
+    props = _build(MessageProperties, {**obj, "user": None}, "properties")
+    return dataclasses.replace(props, user=tuple((k, v) for k, v in user))
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -343,7 +333,7 @@ def _subscriptions(value: Any) -> tuple[SnapshotSubscription, ...]:
 
 def _properties(value: Any) -> MessageProperties:
     try:
-        return MessageProperties.from_json(value)
+        return properties_from_json(value)
     except ProtocolError as exc:
         raise TypeError(f"a properties object ({exc})") from None
 
@@ -534,7 +524,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return _b64_text(value)
     if isinstance(value, MessageProperties):
-        return value.to_json()
+        return properties_to_json(value)
     return value
 
 

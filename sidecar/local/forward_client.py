@@ -33,7 +33,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from sidecar.local.events import MessageProperties
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
@@ -46,6 +45,7 @@ from sidecar.local.reinjection import (
     Send,
     reason_name,
 )
+from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import LocalCopy
 
 log = logging.getLogger("mqfed.forward")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 
 NO_PROPERTIES = MessageProperties()
 

@@ -22,7 +22,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 
 UNLIMITED = 65535
 """Receive Maximum when the CONNACK names none (MQTT 5: 65,535)."""

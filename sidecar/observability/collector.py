@@ -15,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from sidecar.node import Node
+    from sidecar.node_view import NodeView
 
 __all__ = ["NodeCollector"]
 
@@ -33,7 +33,7 @@ def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMet
 class NodeCollector(Collector):
     """Every mqfed metric of one node."""
 
-    def __init__(self, node: Node, version: str) -> None:
+    def __init__(self, node: NodeView, version: str) -> None:
         self.node = node
         self.version = version
 
@@ -85,7 +85,7 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily("mqfed_etcd_registered", "1 while this node's key is in etcd "
                                 "under a live lease.", value=1 if m is not None and m.registered
                                 else 0)
-        members = len(m.view.members()) if m is not None else 1 + len(self.node._peers)
+        members = len(m.view.members()) if m is not None else 1 + len(self.node.peers)
         g = _gauge("members", "Cluster members this node sees (itself included).", ["mode"])
         g.add_metric([mode], members)
         yield g

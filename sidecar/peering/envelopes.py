@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sidecar._proto import peer_pb2
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.interest import InterestDelta, InterestSnapshot
 from sidecar.routing.table import InterestKey

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from sidecar.hlc import LOGICAL_BITS
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 
 BUCKETS = 256
 """Digest buckets; a topic's bucket is a hash of the topic, the same on every node."""

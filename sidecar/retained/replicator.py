@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 from sidecar.retained.entry import RetainedEntry
 from sidecar.retained.index import RetainedIndex
 

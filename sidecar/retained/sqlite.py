@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from sidecar.local.events import MessageProperties
+from sidecar.local.events import properties_from_json, properties_to_json
 from sidecar.retained.entry import RetainedEntry
 
 _SCHEMA = """
@@ -37,12 +37,12 @@ class SqliteRetainedStore:
     def load(self) -> list[RetainedEntry]:
         rows = self._db.execute("SELECT topic, hlc, origin, deleted, payload, qos, properties, "
                                 "expires_at_ms FROM retained")
-        return [RetainedEntry(t, h, o, bytes(p), q, MessageProperties.from_json(json.loads(pr)),
+        return [RetainedEntry(t, h, o, bytes(p), q, properties_from_json(json.loads(pr)),
                               bool(d), e) for t, h, o, d, p, q, pr, e in rows]
 
     def save(self, entries: Iterable[RetainedEntry]) -> None:
         rows = [(e.topic, e.hlc, e.origin, int(e.deleted), e.payload, e.qos,
-                 json.dumps(e.properties.to_json()), e.expires_at_ms) for e in entries]
+                 json.dumps(properties_to_json(e.properties)), e.expires_at_ms) for e in entries]
         if not rows:
             return
         self._db.execute("BEGIN")

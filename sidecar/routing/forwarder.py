@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import HybridClock
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 from sidecar.routing.interest import RemoteInterest
 from sidecar.routing.table import InterestKey
 

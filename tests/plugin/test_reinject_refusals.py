@@ -12,9 +12,12 @@ import signal
 import subprocess
 import time
 
-from sidecar.local.events import MessageProperties
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
+
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.protocol import SIDECAR_USERNAME
+from sidecar.message import MessageProperties
 from tests.plugin.helpers import SECRET, Broker, Client, give_to_mosquitto
 
 PROPS = MessageProperties()
@@ -127,4 +130,56 @@ def test_refused_reinjection_is_held_retried_in_order_and_arrives_once_allowed(p
         assert _payloads(sub, "open/x") == list(range(5))
     finally:
         sub.disconnect()
+        broker.cleanup()
+
+
+
+def test_refused_forwarding_subscription_is_counted_and_asked_again(procs):
+    """Mosquitto 2.0.11 cannot refuse the forwarding identity a subscription (the mqfed plugin
+    grants the sidecar everything, and its acl_file never checks subscribes), so the refusal
+    is fed to the client's SUBACK callback as paho would deliver it: it is counted and the
+    subscription asked again, which the real Mosquitto then accepts (copies on it arrive)."""
+    broker = Broker(procs, plugin=False).start()
+    pub = Client("pub", port=broker.port)
+    pub.connect()
+    copies: list = []
+
+    async def run() -> None:
+        fwd = ForwardClient(broker.dir / "mosquitto.sock", SECRET, "fwd-sub",
+                            on_copies=copies.extend, on_published=lambda t: None,
+                            on_connected=lambda present: None)
+        await fwd.connect()
+        client = fwd._client  # noqa: SLF001 - the paho client whose SUBACKs are altered
+        real_on_subscribe = client.on_subscribe
+        subacks: list[int] = []
+        refuse = [True]
+
+        def on_subscribe(c, userdata, mid, reason_codes, properties):
+            subacks.append(mid)
+            if refuse[0]:  # as if Mosquitto had refused it
+                c.unsubscribe("secret/#")
+                reason_codes = [ReasonCode(PacketTypes.SUBACK, "Not authorized")]
+            real_on_subscribe(c, userdata, mid, reason_codes, properties)
+
+        client.on_subscribe = on_subscribe
+        fwd.subscribe("secret/#", 7, no_local=True)
+        assert await _until(lambda: len(subacks) == 1, 3)
+        assert fwd.subscribe_refused == 1 and fwd.stats()["subscribe_refused"] == 1
+        refuse[0] = False
+        assert await _until(lambda: len(subacks) == 2, 3), "not asked again"
+        assert fwd.subscribe_refused == 1
+        await asyncio.to_thread(pub.publish, "secret/a", b"x", 1)
+        assert await _until(lambda: any(c.topic == "secret/a" for c in copies), 5)
+        refuse[0] = True  # refused again, but no longer wanted: not asked again
+        fwd.subscribe("other/#", 8, no_local=True)
+        fwd.unsubscribe("other/#")
+        assert await _until(lambda: len(subacks) == 3, 3)
+        await asyncio.sleep(1.0)
+        assert len(subacks) == 3, "a filter no longer wanted was asked again"
+        fwd.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        pub.disconnect()
         broker.cleanup()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.hlc import HybridClock
-from sidecar.local.events import MessageProperties
+from sidecar.message import MessageProperties
 from sidecar.retained import wire
 from sidecar.retained.antientropy import (
     AntiEntropy,

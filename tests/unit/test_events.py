@@ -18,7 +18,6 @@ from sidecar.local.events import (
     ConnectRejected,
     Disconnect,
     Heartbeat,
-    MessageProperties,
     ProtocolError,
     Reply,
     RetainedSeen,
@@ -32,7 +31,10 @@ from sidecar.local.events import (
     decode_event,
     decode_reply,
     encode_command,
+    properties_from_json,
+    properties_to_json,
 )
+from sidecar.message import MessageProperties
 
 HEAD = {"v": 1, "epoch": "0123456789abcdef", "seq": 7, "t": 1700000000123}
 
@@ -169,7 +171,7 @@ def test_retained_payload_and_properties() -> None:
         response_topic="r/t",
         message_expiry=60,
     )
-    assert event.properties.to_json() == props
+    assert properties_to_json(event.properties) == props
 
 
 def test_extra_fields_are_ignored() -> None:
@@ -288,17 +290,17 @@ props_strategy = st.builds(
 @settings(max_examples=60, deadline=None)
 @given(props_strategy)
 def test_properties_round_trip(props: MessageProperties) -> None:
-    obj = props.to_json()
+    obj = properties_to_json(props)
     assert json.loads(json.dumps(obj)) == obj
-    assert MessageProperties.from_json(obj) == props
+    assert properties_from_json(obj) == props
     assert all(v is not None for v in obj.values())
 
 
 def test_properties_from_json_null_and_errors() -> None:
-    assert MessageProperties.from_json(None) == MessageProperties()
-    assert MessageProperties().to_json() == {}
+    assert properties_from_json(None) == MessageProperties()
+    assert properties_to_json(MessageProperties()) == {}
     with pytest.raises(ProtocolError, match="properties must be an object"):
-        MessageProperties.from_json([])
+        properties_from_json([])
 
 
 # ---- replies -------------------------------------------------------------------------------

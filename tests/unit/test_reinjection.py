@@ -5,7 +5,6 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.local.events import MessageProperties
 from sidecar.local.reinjection import (
     PERSISTENT_AFTER,
     Confirm,
@@ -16,6 +15,7 @@ from sidecar.local.reinjection import (
     backoff,
     reason_name,
 )
+from sidecar.message import MessageProperties
 
 OK, QUOTA, DENIED = 0x00, 0x97, 0x87
 
