@@ -10,8 +10,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import source, verdict
-from sidecar import audit_command
 from sidecar.bench.traces import TraceWriter, pub_line
+from sidecar.cli import audit
 from tests.pipeline.handmade import Trace
 
 TOPIC = "load/r/n1/0"
@@ -31,7 +31,7 @@ def _audit(spark: SparkSession, traces: Path, out: Path | None,
            capsys: pytest.CaptureFixture[str]) -> tuple[int, dict, str]:
     args = argparse.Namespace(traces=str(traces), master=None,
                               out=str(out) if out else None, json=True)
-    code = audit_command.run(args, spark)
+    code = audit.run(args, spark)
     captured = capsys.readouterr()
     text = captured.out.strip()
     return code, json.loads(text) if text.startswith("{") else {}, captured.err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sidecar import audit_command
+from sidecar.cli import audit
 from tests.bench.test_bench import _base_port as bench_base_port
 from tests.bench.test_bench import bench_dir  # noqa: F401
 from tests.cluster.conftest import (  # noqa: F401
@@ -57,7 +57,7 @@ def test_audit_of_a_real_cluster_names_exactly_the_dropped_messages(
     assert not clean["publisher_errors"]
     args = argparse.Namespace(traces=str(run_dir / "traces-clean"), master=None, out=None,
                               json=True)
-    assert audit_command.run(args, spark) == 0
+    assert audit.run(args, spark) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ok"] and summary["lost"] == 0 and summary["records"]["pub"] == 1200
     assert [(r["sub"], r["qos"], r["expected"], r["delivered"], r["out_of_order"])
@@ -106,7 +106,7 @@ def test_bench_traces_are_audited_clean(bench_dir: Path, spark: SparkSession,  #
                    "--traces", str(traces), timeout=240)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir)
     args = argparse.Namespace(traces=str(traces), master=None, out=None, json=True)
-    assert audit_command.run(args, spark) == 0
+    assert audit.run(args, spark) == 0
     summary = json.loads(capsys.readouterr().out)
     # each case is its own run, ordered by its (random) run id: compare as sets
     assert sorted((r["sub"], r["node"], r["expected"], r["delivered"], r["duplicates"])

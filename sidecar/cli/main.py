@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sidecar import (
-    audit_command,
-    bench_command,
-    cluster_commands,
-    ctl_command,
-    node_command,
-)
-from sidecar.bench import load_command
+from sidecar.cli import audit, bench, cluster, ctl, load, node
+from sidecar.cli.options import share_group_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,12 +14,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mqfed", description="Several unmodified Mosquitto brokers as one MQTT broker."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    node_command.add_command(sub)
-    cluster_commands.add_commands(sub)
-    bench_command.add_command(sub)
-    load_command.add_command(sub)
-    audit_command.add_command(sub)
-    ctl_command.add_command(sub)
+    node.add_command(sub)
+    cluster.add_commands(sub)
+    bench.add_command(sub)
+    load.add_command(sub)
+    audit.add_command(sub)
+    ctl.add_command(sub)
+    share_group_options(parser)
     return parser
 
 
