@@ -8,63 +8,73 @@
 #include <malloc.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "calib.h"
+
+#define CALIB_EXPIRY 1234567891u
+
+enum calib_state { CALIB_PENDING = 0, CALIB_OK = 1, CALIB_UNKNOWN = 2 };
+
+static enum calib_state calib;
+static size_t calib_offset;
 
 static void calib_fail(const char *why)
 {
-	if(g.calib != CALIB_UNKNOWN){
+	if(calib != CALIB_UNKNOWN){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: session expiry calibration failed (%s): MQTT v5 session expiry is "
 				"reported as unknown (null) from now on", why);
 	}
-	g.calib = CALIB_UNKNOWN;
+	calib = CALIB_UNKNOWN;
 }
 
-void calib_on_sidecar_auth(struct mosquitto *client)
+/* True when this connect just fixed the offset: expiries unknown so far can be read now. */
+bool calib_on_sidecar_auth(struct mosquitto *client)
 {
 	size_t size, off, hit = 0;
 	unsigned hits = 0;
 	const unsigned char *base = (const unsigned char *)client;
 
-	if(g.calib == CALIB_UNKNOWN) return;
+	if(calib == CALIB_UNKNOWN) return false;
 	if(mosquitto_client_protocol_version(client) != 5){
 		calib_fail("the sidecar did not connect with MQTT v5");
-		return;
+		return false;
 	}
 	size = malloc_usable_size(client);
 	if(size < sizeof(uint32_t) || size > (1u << 20)){
 		calib_fail("unexpected allocation size of the client structure");
-		return;
+		return false;
 	}
-	if(g.calib == CALIB_OK){
+	if(calib == CALIB_OK){
 		uint32_t v;
-		if(g.calib_offset + sizeof(v) > size){
+		if(calib_offset + sizeof(v) > size){
 			calib_fail("offset outside the client structure");
-			return;
+			return false;
 		}
-		memcpy(&v, base + g.calib_offset, sizeof(v));
-		if(v != MQFED_CALIB_EXPIRY){
+		memcpy(&v, base + calib_offset, sizeof(v));
+		if(v != CALIB_EXPIRY){
 			calib_fail("the value moved at a later sidecar connect");
 		}
-		return;
+		return false;
 	}
 	for(off = 0; off + sizeof(uint32_t) <= size; off += 4){
 		uint32_t v;
 		memcpy(&v, base + off, sizeof(v));
-		if(v == MQFED_CALIB_EXPIRY){
+		if(v == CALIB_EXPIRY){
 			hits++;
 			hit = off;
 		}
 	}
 	if(hits == 1){
-		g.calib = CALIB_OK;
-		g.calib_offset = hit;
-		model_fill_unknown_expiry();
-	}else if(hits == 0){
+		calib = CALIB_OK;
+		calib_offset = hit;
+		return true;
+	}
+	if(hits == 0){
 		calib_fail("the sidecar's session expiry 1234567891 was not found");
 	}else{
 		calib_fail("the calibration value was found more than once");
 	}
+	return false;
 }
 
 /* The session expiry interval Mosquitto holds for a live client structure right now.
@@ -74,9 +84,9 @@ int64_t client_expiry(struct mosquitto *client)
 {
 	int proto = mosquitto_client_protocol_version(client);
 
-	if(g.calib == CALIB_OK){
+	if(calib == CALIB_OK){
 		uint32_t v;
-		memcpy(&v, (const unsigned char *)client + g.calib_offset, sizeof(v));
+		memcpy(&v, (const unsigned char *)client + calib_offset, sizeof(v));
 		return (int64_t)v;
 	}
 	if(proto != 5){
@@ -87,9 +97,15 @@ int64_t client_expiry(struct mosquitto *client)
 
 const char *calib_name(void)
 {
-	switch(g.calib){
+	switch(calib){
 		case CALIB_OK: return "ok";
 		case CALIB_UNKNOWN: return "unknown";
 		default: return "pending";
 	}
+}
+
+void calib_cleanup(void)
+{
+	calib = CALIB_PENDING;
+	calib_offset = 0;
 }

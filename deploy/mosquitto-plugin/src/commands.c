@@ -1,40 +1,71 @@
-/* Commands from the sidecar on $CONTROL/mqfed/v1 and their replies. */
+/* Commands from the sidecar on $CONTROL/mqfed/v1 and their replies; the deny list. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "calib.h"
+#include "commands.h"
+#include "events.h"
+#include "model.h"
+#include "origin.h"
+#include "shed.h"
+#include "sidecar.h"
+
+#define REPLY_PREFIX "$SYS/broker/mqfed/replies/"
+
+struct deny {
+	UT_hash_handle hh;
+	char *id;
+	bool refuse;
+};
+
+static unsigned snapshot_chunk;
+static struct deny *denies;
+static uint64_t denied_connects;
+
+void commands_init(unsigned chunk)
+{
+	snapshot_chunk = chunk;
+}
 
 /* ---- deny list ------------------------------------------------------------------------- */
 
-struct deny *deny_find(const char *id)
+static struct deny *deny_find(const char *id)
 {
 	struct deny *d = NULL;
 
-	if(id == NULL || g.denies == NULL) return NULL;
-	HASH_FIND_STR(g.denies, id, d);
+	if(id == NULL || denies == NULL) return NULL;
+	HASH_FIND_STR(denies, id, d);
 	return d;
 }
 
-unsigned deny_count(void)
+/* A connect of a denied client id: counted, and *refuse tells its mode. */
+bool deny_connect(const char *id, bool *refuse)
 {
-	return HASH_COUNT(g.denies);
+	struct deny *d = deny_find(id);
+
+	if(d == NULL) return false;
+	denied_connects++;
+	*refuse = d->refuse;
+	return true;
 }
 
 static void deny_remove(struct deny *d)
 {
-	HASH_DEL(g.denies, d);
+	HASH_DEL(denies, d);
 	free(d->id);
 	free(d);
 }
 
-void deny_cleanup(void)
+void commands_cleanup(void)
 {
 	struct deny *d, *tmp;
 
-	HASH_ITER(hh, g.denies, d, tmp){
+	HASH_ITER(hh, denies, d, tmp){
 		deny_remove(d);
 	}
+	denied_connects = 0;
+	snapshot_chunk = 0;
 }
 
 /* ---- replies --------------------------------------------------------------------------- */
@@ -73,7 +104,7 @@ static void reply_send(const struct request *rq, cJSON *o)
 		return;
 	}
 	/* addressed to the sidecar's client id: no subscription needed, never seen by others */
-	rc = mosquitto_broker_publish_copy(g.sidecar_id, rq->reply, (int)strlen(json), json, 1,
+	rc = mosquitto_broker_publish_copy(sidecar_id(), rq->reply, (int)strlen(json), json, 1,
 			false, NULL);
 	if(rc != MOSQ_ERR_SUCCESS){
 		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing a reply failed (%d)", rc);
@@ -120,18 +151,18 @@ static bool get_uint(const cJSON *req, const char *key, uint64_t *out)
 static void cmd_snapshot(const struct request *rq)
 {
 	unsigned n = model_sessions();
-	unsigned per = g.snapshot_chunk;
+	unsigned per = snapshot_chunk;
 	unsigned chunks = n == 0 ? 1 : (n + per - 1) / per;
 	unsigned chunk = 0, in_chunk = 0;
 	uint64_t cut = ev_snapshot_cut();
-	struct client *c, *tmp;
+	struct client *c;
 	cJSON *o = NULL, *list = NULL;
 
-	HASH_ITER(hh, g.clients, c, tmp){
+	for(c = model_next(NULL); c; c = model_next(c)){
 		if(o == NULL){
 			o = reply_new(rq, true);
 			if(o){
-				cJSON_AddStringToObject(o, "epoch", g.epoch);
+				cJSON_AddStringToObject(o, "epoch", ev_epoch());
 				cJSON_AddNumberToObject(o, "seq", (double)cut);
 				cJSON_AddNumberToObject(o, "chunk", chunk);
 				cJSON_AddNumberToObject(o, "chunks", chunks);
@@ -152,7 +183,7 @@ static void cmd_snapshot(const struct request *rq)
 		if(o == NULL){
 			o = reply_new(rq, true);
 			if(o){
-				cJSON_AddStringToObject(o, "epoch", g.epoch);
+				cJSON_AddStringToObject(o, "epoch", ev_epoch());
 				cJSON_AddNumberToObject(o, "seq", (double)cut);
 				cJSON_AddNumberToObject(o, "chunk", chunk);
 				cJSON_AddNumberToObject(o, "chunks", chunks);
@@ -175,10 +206,10 @@ static void cmd_resume(const struct request *rq, const cJSON *req)
 		reply_error(rq, "bad_request");
 		return;
 	}
-	ok = from >= oldest && from <= g.next_seq && (epoch == NULL || streq(epoch, g.epoch));
+	ok = from >= oldest && from <= ev_next_seq() && (epoch == NULL || streq(epoch, ev_epoch()));
 	o = reply_new(rq, ok);
 	if(o){
-		cJSON_AddStringToObject(o, "epoch", g.epoch);
+		cJSON_AddStringToObject(o, "epoch", ev_epoch());
 		cJSON_AddNumberToObject(o, "from_seq", (double)from);
 		if(!ok){
 			cJSON_AddStringToObject(o, "error", "gap");
@@ -197,7 +228,6 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 	const char *topic = get_str(req, "topic");
 	const char *payload = get_str(req, "payload");
 	const char *subscription = get_str(req, "subscription");
-	struct sub *s = NULL;
 	uint64_t qos;
 	unsigned char *buf = NULL;
 	size_t len = 0;
@@ -214,15 +244,14 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 	/* the forwarding connection takes probes: their packet id follows every copy routed to it
 	 * before, so a gap before a probe shows copies Mosquitto dropped (docs/plugin-protocol.md) */
 	c = model_find(client);
-	if(c == NULL && !(g.fwd != NULL && streq(client, g.fwd_id))){
+	if(c == NULL && !(sidecar_fwd_conn() != NULL && streq(client, sidecar_fwd_id()))){
 		reply_error(rq, "unknown_client");
 		return;
 	}
 	/* a delivery for a subscription (a shared group's pick) is refused once the client has
 	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it */
 	if(subscription != NULL){
-		if(c != NULL) HASH_FIND_STR(c->subs, subscription, s);
-		if(s == NULL){
+		if(c == NULL || !model_client_has_sub(c, subscription)){
 			reply_error(rq, "not_subscribed");
 			return;
 		}
@@ -245,7 +274,7 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 		return;
 	}
 	o = reply_new(rq, true);
-	if(o) cJSON_AddBoolToObject(o, "queued", c != NULL && !c->online);
+	if(o) cJSON_AddBoolToObject(o, "queued", c != NULL && !model_client_online(c));
 	reply_send(rq, o);
 }
 
@@ -254,6 +283,7 @@ static void cmd_kick(const struct request *rq, const cJSON *req)
 	const char *client = get_str(req, "client");
 	const cJSON *ww = cJSON_GetObjectItemCaseSensitive(req, "with_will");
 	struct client *c;
+	struct mosquitto *conn;
 	char *id;
 
 	if(client == NULL || (ww && !cJSON_IsBool(ww))){
@@ -261,21 +291,18 @@ static void cmd_kick(const struct request *rq, const cJSON *req)
 		return;
 	}
 	c = model_find(client);
-	if(c == NULL || !c->online || c->conn == NULL){
+	conn = c ? model_client_conn(c) : NULL;
+	if(conn == NULL){
 		/* Kicking an offline session is a use-after-free in 2.0.11: never do it. */
 		reply_error(rq, "not_connected");
 		return;
 	}
-	id = strdup(c->id); /* c may be freed by the DISCONNECT callback during the kick */
+	id = strdup(model_client_id(c)); /* c may be freed by the DISCONNECT callback during the kick */
 	if(id == NULL){
 		reply_error(rq, "internal");
 		return;
 	}
-	/* Debian's CVE-2021-34434 fix re-runs the subscribe ACL check (qos 0) for every subscription
-	 * inside this call: g.kicking marks those checks as re-checks. */
-	g.kicking = c->conn;
-	mosquitto_kick_client_by_clientid(id, cJSON_IsTrue(ww));
-	g.kicking = NULL;
+	model_kick(conn, id, cJSON_IsTrue(ww));
 	free(id);
 	reply_ok(rq);
 }
@@ -299,7 +326,7 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 			reply_error(rq, "internal");
 			return;
 		}
-		HASH_ADD_KEYPTR(hh, g.denies, d->id, strlen(d->id), d);
+		HASH_ADD_KEYPTR(hh, denies, d->id, strlen(d->id), d);
 	}
 	d->refuse = streq(mode, "refuse");
 	reply_ok(rq);
@@ -324,6 +351,7 @@ static void cmd_admit(const struct request *rq, const cJSON *req)
 static void cmd_pressure(const struct request *rq, const cJSON *req)
 {
 	uint64_t unacked, taken, lease;
+	struct shed_stats sh;
 	cJSON *o;
 
 	if(!get_uint(req, "unacked", &unacked) || !get_uint(req, "taken", &taken)
@@ -332,10 +360,11 @@ static void cmd_pressure(const struct request *rq, const cJSON *req)
 		return;
 	}
 	shed_report(unacked, taken, (int64_t)lease);
+	shed_stats(&sh);
 	o = reply_new(rq, true);
 	if(o){
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
-		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
+		cJSON_AddNumberToObject(o, "shed_total", (double)sh.total);
 		cJSON_AddNumberToObject(o, "backlog", (double)shed_backlog());
 	}
 	reply_send(rq, o);
@@ -345,50 +374,53 @@ static void cmd_stats(const struct request *rq)
 {
 	cJSON *o = reply_new(rq, true);
 	cJSON *cal;
+	struct ev_stats ev;
+	struct origin_stats og;
+	struct shed_stats sh;
 
+	ev_stats(&ev);
+	origin_stats(&og);
+	shed_stats(&sh);
 	if(o){
-		cJSON_AddStringToObject(o, "epoch", g.epoch);
-		cJSON_AddNumberToObject(o, "seq", (double)(g.next_seq - 1));
-		cJSON_AddNumberToObject(o, "acked", (double)g.acked);
-		cJSON_AddNumberToObject(o, "buffered", (double)g.ring_len);
-		cJSON_AddNumberToObject(o, "buffered_bytes", (double)g.buf_bytes);
-		cJSON_AddNumberToObject(o, "clients", g.n_online);
+		cJSON_AddStringToObject(o, "epoch", ev_epoch());
+		cJSON_AddNumberToObject(o, "seq", (double)ev.seq);
+		cJSON_AddNumberToObject(o, "acked", (double)ev.acked);
+		cJSON_AddNumberToObject(o, "buffered", (double)ev.buffered);
+		cJSON_AddNumberToObject(o, "buffered_bytes", (double)ev.buffered_bytes);
+		cJSON_AddNumberToObject(o, "clients", model_online());
 		cJSON_AddNumberToObject(o, "sessions", model_sessions());
-		cJSON_AddNumberToObject(o, "subscriptions", (double)g.n_subs);
-		cJSON_AddNumberToObject(o, "events_total", (double)g.events_total);
-		cJSON_AddNumberToObject(o, "overflows", (double)g.overflows);
-		cJSON_AddNumberToObject(o, "denied", deny_count());
-		cJSON_AddNumberToObject(o, "denied_connects", (double)g.denied_connects);
-		cJSON_AddNumberToObject(o, "published", (double)(g.pub_next - 1));
-		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)g.fwd_denied);
-		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", origin_tracked());
-		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)g.fwd_q2_evicted);
-		cJSON_AddNumberToObject(o, "fwd_filters", HASH_COUNT(g.fwd_filters));
-		cJSON_AddNumberToObject(o, "fwd_since_report", (double)g.fwd_since_report);
-		cJSON_AddNumberToObject(o, "fwd_unread", (double)g.fwd_unread);
+		cJSON_AddNumberToObject(o, "subscriptions", (double)model_subscriptions());
+		cJSON_AddNumberToObject(o, "events_total", (double)ev.events_total);
+		cJSON_AddNumberToObject(o, "overflows", (double)ev.overflows);
+		cJSON_AddNumberToObject(o, "denied", HASH_COUNT(denies));
+		cJSON_AddNumberToObject(o, "denied_connects", (double)denied_connects);
+		cJSON_AddNumberToObject(o, "published", (double)ev.published);
+		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
+		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);
+		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)og.forgotten);
+		cJSON_AddNumberToObject(o, "fwd_filters", sh.filters);
+		cJSON_AddNumberToObject(o, "fwd_since_report", (double)sh.since_report);
+		cJSON_AddNumberToObject(o, "fwd_unread", (double)sh.unread);
 		cJSON_AddNumberToObject(o, "fwd_backlog", (double)shed_backlog());
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
-		cJSON_AddNumberToObject(o, "shed_total", (double)g.shed_total);
+		cJSON_AddNumberToObject(o, "shed_total", (double)sh.total);
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 	}
 	reply_send(rq, o);
 }
 
-int on_control(int event, void *event_data, void *userdata)
+/* A message on $CONTROL/mqfed/v1 (plugin.c's CONTROL callback). */
+void commands_on_control(const struct mosquitto_evt_control *ed)
 {
-	struct mosquitto_evt_control *ed = event_data;
 	struct request rq;
 	cJSON *req;
 	const cJSON *v;
 	uint64_t seq;
 
-	(void)event;
-	(void)userdata;
-	origin_event();
-	if(ed->client != g.sidecar || g.sidecar == NULL){
+	if(ed->client != sidecar_conn() || sidecar_conn() == NULL){
 		/* The ACL check already refuses this; never act on anyone but the sidecar. */
-		return MOSQ_ERR_SUCCESS;
+		return;
 	}
 	pending_resolve_all(); /* every pending connect is accepted by now: keep the model whole */
 
@@ -396,7 +428,7 @@ int on_control(int event, void *event_data, void *userdata)
 	if(!cJSON_IsObject(req)){
 		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring a malformed command (not a JSON object)");
 		cJSON_Delete(req);
-		return MOSQ_ERR_SUCCESS;
+		return;
 	}
 	rq.id = get_str(req, "id");
 	rq.reply = get_str(req, "reply");
@@ -405,7 +437,7 @@ int on_control(int event, void *event_data, void *userdata)
 
 	if(streq(rq.cmd, "ack") && cJSON_IsNumber(v) && v->valuedouble == 1){
 		const char *epoch = get_str(req, "epoch");
-		if(epoch && !streq(epoch, g.epoch)){
+		if(epoch && !streq(epoch, ev_epoch())){
 			/* an ack for an earlier plugin run: acking now would drop this run's events */
 		}else if(get_uint(req, "seq", &seq)){
 			ev_ack(seq);
@@ -413,16 +445,16 @@ int on_control(int event, void *event_data, void *userdata)
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring an ack without a valid seq");
 		}
 		cJSON_Delete(req);
-		return MOSQ_ERR_SUCCESS;
+		return;
 	}
 	if(rq.id == NULL || rq.reply == NULL
-			|| strncmp(rq.reply, MQFED_REPLY_PREFIX, strlen(MQFED_REPLY_PREFIX)) != 0
+			|| strncmp(rq.reply, REPLY_PREFIX, strlen(REPLY_PREFIX)) != 0
 			|| mosquitto_pub_topic_check(rq.reply) != MOSQ_ERR_SUCCESS){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: ignoring a command without a usable id and reply topic (under "
-				MQFED_REPLY_PREFIX ")");
+				REPLY_PREFIX ")");
 		cJSON_Delete(req);
-		return MOSQ_ERR_SUCCESS;
+		return;
 	}
 
 	if(!cJSON_IsNumber(v) || v->valuedouble != 1){
@@ -451,5 +483,4 @@ int on_control(int event, void *event_data, void *userdata)
 		reply_error(&rq, "unknown_command");
 	}
 	cJSON_Delete(req);
-	return MOSQ_ERR_SUCCESS;
 }

@@ -11,7 +11,55 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "calib.h"
+#include "events.h"
+#include "model.h"
+#include "sidecar.h"
+
+struct sub {
+	UT_hash_handle hh;
+	char *filter;
+	uint8_t qos;
+};
+
+struct client {
+	UT_hash_handle hh; /* keyed by id */
+	char *id;
+	char *username;
+	int protocol;              /* 3, 4 or 5 */
+	bool clean_start;
+	int64_t expiry;            /* session expiry interval (s), EXPIRY_UNKNOWN if not known */
+	int keepalive;
+	bool online;
+	struct mosquitto *conn;    /* valid only while online */
+	time_t expire_at;          /* offline with a finite known expiry: wall clock second; else 0 */
+	struct sub *subs;
+	unsigned sub_count;
+	unsigned shared_count;     /* of which $share/<group>/... */
+	struct client_run run;     /* origin.c's */
+};
+
+/* A connection that passed our BASIC_AUTH callback; later providers may still refuse it. */
+struct pending {
+	UT_hash_handle hh; /* keyed by conn pointer */
+	struct mosquitto *conn;
+	char *id;
+	char *username;
+	bool clean_start;
+	bool have_old_expiry;      /* expiry of the live connection it is about to take over */
+	int64_t old_expiry;
+	uint64_t order;            /* resolution order */
+};
+
+static struct client *clients;
+static unsigned n_online;
+static uint64_t n_subs;
+static struct pending *pendings;
+static uint64_t pending_order;
+/* the connection being kicked (model_kick) */
+static struct mosquitto *kicking;
+
+static void pending_drop(struct pending *p);
 
 static const char *proto_name(int p)
 {
@@ -28,13 +76,100 @@ struct client *model_find(const char *id)
 	struct client *c = NULL;
 
 	if(id == NULL) return NULL;
-	HASH_FIND_STR(g.clients, id, c);
+	HASH_FIND_STR(clients, id, c);
 	return c;
+}
+
+/* Iteration in insertion order: model_next(NULL) is the first. */
+struct client *model_next(struct client *c)
+{
+	return c ? c->hh.next : clients;
 }
 
 unsigned model_sessions(void)
 {
-	return HASH_COUNT(g.clients);
+	return HASH_COUNT(clients);
+}
+
+unsigned model_online(void)
+{
+	return n_online;
+}
+
+uint64_t model_subscriptions(void)
+{
+	return n_subs;
+}
+
+const char *model_client_id(const struct client *c)
+{
+	return c->id;
+}
+
+bool model_client_online(const struct client *c)
+{
+	return c->online;
+}
+
+/* Its live connection; NULL while offline. */
+struct mosquitto *model_client_conn(const struct client *c)
+{
+	return c->online ? c->conn : NULL;
+}
+
+bool model_client_has_sub(struct client *c, const char *filter)
+{
+	struct sub *s = NULL;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	return s != NULL;
+}
+
+unsigned model_client_shared(const struct client *c)
+{
+	return c->shared_count;
+}
+
+/* Count the client's subscriptions matching the topic, plain and shared. */
+void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared)
+{
+	struct sub *s, *tmp;
+
+	*plain = 0;
+	*shared = 0;
+	HASH_ITER(hh, c->subs, s, tmp){
+		const char *f = strip_share(s->filter);
+		bool is_shared = strncmp(s->filter, "$share/", 7) == 0;
+		bool match = false;
+
+		if(is_shared && f == s->filter) continue; /* "$share/<group>" without a filter */
+		if(mosquitto_topic_matches_sub(f, topic, &match) != MOSQ_ERR_SUCCESS || !match) continue;
+		if(is_shared){
+			(*shared)++;
+		}else{
+			(*plain)++;
+		}
+	}
+}
+
+struct client_run *model_client_run(struct client *c)
+{
+	return &c->run;
+}
+
+/* Kicks go through here: Mosquitto re-checks the subscriptions of a persistent client it kicks
+ * (Debian's CVE-2021-34434 fix, qos 0) inside this call, and those checks must not be taken for
+ * SUBSCRIBE packets (plugin.c asks model_is_kicking). */
+void model_kick(struct mosquitto *conn, const char *id, bool with_will)
+{
+	kicking = conn;
+	mosquitto_kick_client_by_clientid(id, with_will);
+	kicking = NULL;
+}
+
+bool model_is_kicking(struct mosquitto *conn)
+{
+	return conn == kicking;
 }
 
 static struct client *client_new(const char *id)
@@ -48,7 +183,7 @@ static struct client *client_new(const char *id)
 		return NULL;
 	}
 	c->expiry = EXPIRY_UNKNOWN;
-	HASH_ADD_KEYPTR(hh, g.clients, c->id, strlen(c->id), c);
+	HASH_ADD_KEYPTR(hh, clients, c->id, strlen(c->id), c);
 	return c;
 }
 
@@ -61,7 +196,7 @@ static void client_clear_subs(struct client *c)
 		free(s->filter);
 		free(s);
 	}
-	g.n_subs -= c->sub_count;
+	n_subs -= c->sub_count;
 	c->sub_count = 0;
 	c->shared_count = 0;
 }
@@ -70,7 +205,7 @@ static void client_set_offline(struct client *c)
 {
 	if(c->online){
 		c->online = false;
-		g.n_online--;
+		n_online--;
 	}
 	c->conn = NULL;
 }
@@ -79,7 +214,7 @@ static void client_remove(struct client *c)
 {
 	client_set_offline(c);
 	client_clear_subs(c);
-	HASH_DEL(g.clients, c);
+	HASH_DEL(clients, c);
 	free(c->id);
 	free(c->username);
 	free(c);
@@ -90,12 +225,16 @@ void model_cleanup(void)
 	struct client *c, *ctmp;
 	struct pending *p, *ptmp;
 
-	HASH_ITER(hh, g.clients, c, ctmp){
+	HASH_ITER(hh, clients, c, ctmp){
 		client_remove(c);
 	}
-	HASH_ITER(hh, g.pending, p, ptmp){
+	HASH_ITER(hh, pendings, p, ptmp){
 		pending_drop(p);
 	}
+	n_online = 0;
+	n_subs = 0;
+	pending_order = 0;
+	kicking = NULL;
 }
 
 /* ---- events ---------------------------------------------------------------------------- */
@@ -146,28 +285,28 @@ static void emit_disconnect(struct client *c, bool taken_over, bool kept, int64_
 
 /* ---- pending connects ------------------------------------------------------------------- */
 
-struct pending *pending_find(struct mosquitto *conn)
+static struct pending *pending_find(struct mosquitto *conn)
 {
 	struct pending *p = NULL;
 
-	if(g.pending == NULL) return NULL;
-	HASH_FIND_PTR(g.pending, &conn, p);
+	if(pendings == NULL) return NULL;
+	HASH_FIND_PTR(pendings, &conn, p);
 	return p;
 }
 
-struct pending *pending_find_id(const char *id, struct mosquitto *not_conn)
+static struct pending *pending_find_id(const char *id, struct mosquitto *not_conn)
 {
 	struct pending *p, *tmp;
 
-	HASH_ITER(hh, g.pending, p, tmp){
+	HASH_ITER(hh, pendings, p, tmp){
 		if(p->conn != not_conn && streq(p->id, id)) return p;
 	}
 	return NULL;
 }
 
-void pending_drop(struct pending *p)
+static void pending_drop(struct pending *p)
 {
-	HASH_DEL(g.pending, p);
+	HASH_DEL(pendings, p);
 	free(p->id);
 	free(p->username);
 	free(p);
@@ -199,18 +338,18 @@ void pending_add(struct mosquitto *conn, const char *id, const char *username)
 		p->old_expiry = client_expiry(c->conn);
 		if(p->old_expiry < 0) p->old_expiry = c->expiry;
 	}
-	p->order = ++g.pending_order;
-	HASH_ADD_PTR(g.pending, conn, p);
+	p->order = ++pending_order;
+	HASH_ADD_PTR(pendings, conn, p);
 }
 
-void pending_reject(struct pending *p)
+static void pending_reject(struct pending *p)
 {
 	emit_connect_rejected(p->id, p->username, "auth");
 	pending_drop(p);
 }
 
 /* The connection was accepted by every provider: add it to the model, emit `connect`. */
-void pending_resolve(struct pending *p)
+static void pending_resolve(struct pending *p)
 {
 	struct mosquitto *conn = p->conn;
 	struct client *c = model_find(p->id);
@@ -262,7 +401,7 @@ void pending_resolve(struct pending *p)
 		c->keepalive = mosquitto_client_keepalive(conn);
 		if(!c->online){
 			c->online = true;
-			g.n_online++;
+			n_online++;
 		}
 		c->conn = conn;
 		c->expire_at = 0;
@@ -273,11 +412,20 @@ void pending_resolve(struct pending *p)
 	ev_emit(ev);
 }
 
+/* Resolve the pending connect of this connection, if any: it did something, so every provider
+ * accepted it. */
+void pending_resolve_conn(struct mosquitto *conn)
+{
+	struct pending *p = pending_find(conn);
+
+	if(p) pending_resolve(p);
+}
+
 void pending_resolve_all(void)
 {
 	struct pending *p, *tmp;
 
-	HASH_ITER(hh, g.pending, p, tmp){
+	HASH_ITER(hh, pendings, p, tmp){
 		pending_resolve(p);
 	}
 }
@@ -346,7 +494,7 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 	cJSON *ev;
 
 	HASH_FIND_STR(c->subs, filter, s);
-	if(s && s->qos == qos) return; /* no change (e.g. the same subscription again) */
+	if(s && s->qos == qos) return; /* no change (e. the same subscription again) */
 	if(s){
 		s->qos = qos;
 	}else{
@@ -361,7 +509,7 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 		HASH_ADD_KEYPTR(hh, c->subs, s->filter, strlen(s->filter), s);
 		c->sub_count++;
 		if(strncmp(filter, "$share/", 7) == 0) c->shared_count++;
-		g.n_subs++;
+		n_subs++;
 	}
 	ev = ev_new("subscribe");
 	if(ev){
@@ -386,7 +534,7 @@ void model_unsubscribe(struct client *c, const char *filter)
 	free(s->filter);
 	free(s);
 	c->sub_count--;
-	g.n_subs--;
+	n_subs--;
 	ev = ev_new("unsubscribe");
 	if(ev){
 		cJSON_AddStringToObject(ev, "client", c->id);
@@ -402,7 +550,7 @@ void model_expire_sessions(time_t now)
 {
 	struct client *c, *tmp;
 
-	HASH_ITER(hh, g.clients, c, tmp){
+	HASH_ITER(hh, clients, c, tmp){
 		if(!c->online && c->expire_at > 0 && c->expire_at + 1 < now){
 			emit_session_expired(c);
 		}
@@ -414,7 +562,7 @@ void model_fill_unknown_expiry(void)
 {
 	struct client *c, *tmp;
 
-	HASH_ITER(hh, g.clients, c, tmp){
+	HASH_ITER(hh, clients, c, tmp){
 		if(c->online && c->conn && c->expiry == EXPIRY_UNKNOWN){
 			c->expiry = client_expiry(c->conn);
 		}

@@ -21,7 +21,7 @@
  *  2. QoS 0 and 1 (handle_publish.c): the WRITE check, then plugin__handle_message() (our MESSAGE
  *     callback), then db__message_store() and sub__messages_queue() at once, with no plugin
  *     callback in between. So the message of the last MESSAGE callback of .fwd is the one being
- *     routed until any other callback runs. `g.fwd_cur` is set there and cleared by every other
+ *     routed until any other callback runs. `fwd_cur` is set there and cleared by every other
  *     callback (origin_event). What can route without a callback of ours after it: wills (always
  *     preceded by the will's WRITE check in context__send_will, and by DISCONNECT in
  *     context__disconnect), retained messages at SUBSCRIBE (preceded by the SUBSCRIBE check),
@@ -32,7 +32,7 @@
  *  3. QoS 2: handle__publish only stores the message in .fwd's incoming queue and sends PUBREC;
  *     handle__pubrel -> db__message_release_incoming -> sub__messages_queue routes it later with
  *     no callback of ours. Its store is alive, referenced by .fwd's session, until that routing,
- *     so its topic pointer is unique until then. Each such message is kept in `g.fwd_q2` (keyed
+ *     so its topic pointer is unique until then. Each such message is kept in `fwd_q2` (keyed
  *     by topic pointer) and forgotten: after its routing (a READ check matched it: dropped at the
  *     next callback, routings are synchronous), when any MESSAGE callback sees its topic pointer
  *     on a new message (the old one is freed), when .fwd's session ends (clean start, expiry 0,
@@ -54,19 +54,58 @@
  *
  * Publishes of .fwd with retain=1 (replicated retained messages) are covered too: their routing
  * is the same. Later deliveries of the stored retained message are untouched: each follows a
- * SUBSCRIBE check (which clears `g.fwd_cur`, and a QoS 2 entry was dropped after its routing or
+ * SUBSCRIBE check (which clears `fwd_cur`, and a QoS 2 entry was dropped after its routing or
  * is checked with the client's fresh count, where the new plain subscription comes first), and
  * Mosquitto sends no retained message to a shared subscription. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "calib.h"
+#include "model.h"
+#include "origin.h"
+#include "sidecar.h"
 
 #define Q2_MAX_AGE_MS 60000
 
+/* A message as plugin callbacks see it. Mosquitto passes the MESSAGE callback and every READ
+ * check of a routed message the same msg-store topic and payload pointers. */
+struct fwd_fp {
+	const char *topic;         /* identity only while the message lives */
+	const void *payload;       /* NULL for an empty payload */
+	uint32_t len;
+	uint8_t qos;
+	uint64_t hash;             /* of the topic and payload contents */
+};
+
+/* A QoS 2 message published by the forwarding connection, routed later at its PUBREL. */
+struct fwd_q2 {
+	UT_hash_handle hh;         /* keyed by fp.topic (pointer) */
+	struct fwd_fp fp;
+	int64_t born_ms;
+	bool hit;                  /* a READ check of its routing was seen */
+	struct fwd_q2 *next_hit;
+};
+
+static uint64_t fwd_q2_max;       /* option fwd_qos2_max */
+static uint64_t hash_seed;
+static uint64_t run_seq;          /* bumped by every callback other than a READ check */
+static bool fwd_cur_set;          /* a QoS 0/1 message of .fwd: routed before the next callback */
+static struct fwd_fp fwd_cur;
+static struct fwd_q2 *fwd_q2;     /* QoS 2 messages of .fwd awaiting PUBREL, oldest first */
+static struct fwd_q2 *fwd_hits;   /* entries whose routing ran: dropped at the next callback */
+static time_t fwd_drop_at;        /* .fwd offline with a session: forget all entries at this time */
+static uint64_t fwd_denied;       /* deliveries to shared subscriptions refused */
+static uint64_t fwd_q2_evicted;   /* entries forgotten before their routing (cap, age, session) */
+
+void origin_init(uint64_t q2_max, uint64_t seed)
+{
+	fwd_q2_max = q2_max;
+	hash_seed = seed;
+}
+
 static uint64_t fp_hash(const char *topic, const void *payload, uint32_t len)
 {
-	uint64_t h = hash_bytes(g.hash_seed, topic, strlen(topic));
+	uint64_t h = hash_bytes(hash_seed, topic, strlen(topic));
 
 	return hash_bytes(h, payload, payload ? len : 0);
 }
@@ -76,20 +115,20 @@ static void q2_del(struct fwd_q2 *e)
 	struct fwd_q2 **pp;
 
 	if(e->hit){
-		for(pp = &g.fwd_hits; *pp; pp = &(*pp)->next_hit){
+		for(pp = &fwd_hits; *pp; pp = &(*pp)->next_hit){
 			if(*pp == e){
 				*pp = e->next_hit;
 				break;
 			}
 		}
 	}
-	HASH_DEL(g.fwd_q2, e);
+	HASH_DEL(fwd_q2, e);
 	free(e);
 }
 
 static void q2_forget(struct fwd_q2 *e)
 {
-	if(!e->hit) g.fwd_q2_evicted++;
+	if(!e->hit) fwd_q2_evicted++;
 	q2_del(e);
 }
 
@@ -97,15 +136,17 @@ static void q2_forget_all(void)
 {
 	struct fwd_q2 *e, *tmp;
 
-	HASH_ITER(hh, g.fwd_q2, e, tmp){
+	HASH_ITER(hh, fwd_q2, e, tmp){
 		q2_forget(e);
 	}
-	g.fwd_hits = NULL;
+	fwd_hits = NULL;
 }
 
-unsigned origin_tracked(void)
+void origin_stats(struct origin_stats *s)
 {
-	return HASH_COUNT(g.fwd_q2);
+	s->denied = fwd_denied;
+	s->tracked = HASH_COUNT(fwd_q2);
+	s->forgotten = fwd_q2_evicted;
 }
 
 /* Any plugin callback other than a READ check: no routing of an earlier message is running. */
@@ -113,13 +154,13 @@ void origin_event(void)
 {
 	struct fwd_q2 *e;
 
-	g.run_seq++;
-	g.fwd_cur_set = false;
-	while(g.fwd_hits){
-		e = g.fwd_hits;
-		g.fwd_hits = e->next_hit;
+	run_seq++;
+	fwd_cur_set = false;
+	while(fwd_hits){
+		e = fwd_hits;
+		fwd_hits = e->next_hit;
 		e->hit = false; /* already off the hit list */
-		HASH_DEL(g.fwd_q2, e);
+		HASH_DEL(fwd_q2, e);
 		free(e);
 	}
 }
@@ -131,12 +172,12 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 
 	origin_event();
 	if(ed->topic == NULL) return;
-	if(g.fwd_q2){
+	if(fwd_q2){
 		/* This live message has that topic pointer: the entry's message was freed. */
-		HASH_FIND_PTR(g.fwd_q2, &ed->topic, e);
+		HASH_FIND_PTR(fwd_q2, &ed->topic, e);
 		if(e) q2_forget(e);
 	}
-	if(g.fwd == NULL || ed->client != g.fwd) return;
+	if(sidecar_fwd_conn() == NULL || ed->client != sidecar_fwd_conn()) return;
 
 	fp.topic = ed->topic;
 	fp.payload = ed->payload;
@@ -144,18 +185,18 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 	fp.qos = ed->qos;
 	fp.hash = fp_hash(ed->topic, ed->payload, ed->payloadlen);
 	if(ed->qos < 2){
-		g.fwd_cur = fp;
-		g.fwd_cur_set = true;
+		fwd_cur = fp;
+		fwd_cur_set = true;
 		return;
 	}
-	while(g.fwd_q2 && HASH_COUNT(g.fwd_q2) >= g.fwd_q2_max){
-		q2_forget(g.fwd_q2); /* the oldest */
+	while(fwd_q2 && HASH_COUNT(fwd_q2) >= fwd_q2_max){
+		q2_forget(fwd_q2); /* the oldest */
 	}
 	e = calloc(1, sizeof(*e));
 	if(e == NULL) return; /* fail open: routed as before */
 	e->fp = fp;
 	e->born_ms = now_ms();
-	HASH_ADD_PTR(g.fwd_q2, fp.topic, e);
+	HASH_ADD_PTR(fwd_q2, fp.topic, e);
 }
 
 static bool fp_matches(const struct fwd_fp *fp, const char *topic, const void *payload,
@@ -166,28 +207,12 @@ static bool fp_matches(const struct fwd_fp *fp, const char *topic, const void *p
 }
 
 /* Count the client's subscriptions matching the topic, plain and shared (once per routing). */
-static void run_start(struct client *c, const char *topic)
+static void run_start(struct client *c, struct client_run *r, const char *topic)
 {
-	struct sub *s, *tmp;
-
-	c->run_seq = g.run_seq;
-	c->run_topic = topic;
-	c->run_checks = 0;
-	c->run_plain = 0;
-	c->run_shared = 0;
-	HASH_ITER(hh, c->subs, s, tmp){
-		const char *f = strip_share(s->filter);
-		bool shared = strncmp(s->filter, "$share/", 7) == 0;
-		bool match = false;
-
-		if(shared && f == s->filter) continue; /* "$share/<group>" without a filter */
-		if(mosquitto_topic_matches_sub(f, topic, &match) != MOSQ_ERR_SUCCESS || !match) continue;
-		if(shared){
-			c->run_shared++;
-		}else{
-			c->run_plain++;
-		}
-	}
+	r->seq = run_seq;
+	r->topic = topic;
+	r->checks = 0;
+	model_count_matches(c, topic, &r->plain, &r->shared);
 }
 
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
@@ -196,40 +221,42 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 	const struct fwd_fp *fp = NULL;
 	struct fwd_q2 *e = NULL;
 	struct client *c = NULL;
+	struct client_run *r;
 	const char *id;
 	bool to_fwd;
 
 	(void)retain;
 	if(topic == NULL) return false;
-	if(g.fwd_cur_set && topic == g.fwd_cur.topic){
-		fp = &g.fwd_cur;
-	}else if(qos == 2 && g.fwd_q2){
-		HASH_FIND_PTR(g.fwd_q2, &topic, e);
+	if(fwd_cur_set && topic == fwd_cur.topic){
+		fp = &fwd_cur;
+	}else if(qos == 2 && fwd_q2){
+		HASH_FIND_PTR(fwd_q2, &topic, e);
 		if(e == NULL) return false;
 		fp = &e->fp;
 		if(!e->hit){
 			/* its routing is running (or the entry is stale): forget it at the next callback */
 			e->hit = true;
-			e->next_hit = g.fwd_hits;
-			g.fwd_hits = e;
+			e->next_hit = fwd_hits;
+			fwd_hits = e;
 		}
 	}else{
 		return false;
 	}
 
 	id = mosquitto_client_id(client);
-	to_fwd = client == g.fwd || streq(id, g.fwd_id);
+	to_fwd = client == sidecar_fwd_conn() || streq(id, sidecar_fwd_id());
 	if(!to_fwd){
 		c = model_find(id);
-		if(c == NULL || c->shared_count == 0) return false; /* only plain subscriptions */
+		if(c == NULL || model_client_shared(c) == 0) return false; /* only plain subscriptions */
 	}
 	if(!fp_matches(fp, topic, payload, payloadlen, qos)) return false;
 	if(!to_fwd){
-		if(c->run_seq != g.run_seq || c->run_topic != topic) run_start(c, topic);
-		if(c->run_shared == 0) return false;
-		if(++c->run_checks <= c->run_plain) return false; /* its plain subscriptions come first */
+		r = model_client_run(c);
+		if(r->seq != run_seq || r->topic != topic) run_start(c, r, topic);
+		if(r->shared == 0) return false;
+		if(++r->checks <= r->plain) return false; /* its plain subscriptions come first */
 	}
-	g.fwd_denied++;
+	fwd_denied++;
 	return true;
 }
 
@@ -237,10 +264,10 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 void origin_fwd_auth(struct mosquitto *client)
 {
 	if(mosquitto_client_clean_session(client)
-			|| (g.fwd_drop_at != 0 && time(NULL) >= g.fwd_drop_at)){
+			|| (fwd_drop_at != 0 && time(NULL) >= fwd_drop_at)){
 		q2_forget_all(); /* its old session and its pending QoS 2 messages are gone */
 	}
-	g.fwd_drop_at = 0;
+	fwd_drop_at = 0;
 }
 
 /* The live forwarding connection goes away. */
@@ -251,7 +278,7 @@ void origin_fwd_disconnect(struct mosquitto *client)
 	if(expiry <= 0){
 		q2_forget_all(); /* expiry 0: the session ends now; unknown: fail open */
 	}else if(expiry < EXPIRY_NEVER){
-		g.fwd_drop_at = time(NULL) + (time_t)expiry;
+		fwd_drop_at = time(NULL) + (time_t)expiry;
 	}
 }
 
@@ -259,12 +286,12 @@ void origin_tick(void)
 {
 	int64_t now = now_ms();
 
-	if(g.fwd == NULL && g.fwd_drop_at != 0 && time(NULL) >= g.fwd_drop_at){
+	if(sidecar_fwd_conn() == NULL && fwd_drop_at != 0 && time(NULL) >= fwd_drop_at){
 		q2_forget_all();
-		g.fwd_drop_at = 0;
+		fwd_drop_at = 0;
 	}
-	while(g.fwd_q2 && (now - g.fwd_q2->born_ms > Q2_MAX_AGE_MS || now < g.fwd_q2->born_ms)){
-		q2_forget(g.fwd_q2);
+	while(fwd_q2 && (now - fwd_q2->born_ms > Q2_MAX_AGE_MS || now < fwd_q2->born_ms)){
+		q2_forget(fwd_q2);
 	}
 }
 
@@ -272,9 +299,14 @@ void origin_cleanup(void)
 {
 	struct fwd_q2 *e, *tmp;
 
-	HASH_ITER(hh, g.fwd_q2, e, tmp){
-		HASH_DEL(g.fwd_q2, e);
+	HASH_ITER(hh, fwd_q2, e, tmp){
+		HASH_DEL(fwd_q2, e);
 		free(e);
 	}
-	g.fwd_hits = NULL;
+	fwd_q2_max = hash_seed = run_seq = fwd_denied = fwd_q2_evicted = 0;
+	fwd_cur_set = false;
+	memset(&fwd_cur, 0, sizeof(fwd_cur));
+	fwd_q2 = NULL;
+	fwd_hits = NULL;
+	fwd_drop_at = 0;
 }

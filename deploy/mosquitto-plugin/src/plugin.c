@@ -1,15 +1,48 @@
 /* mqfed Mosquitto plugin: entry points, options, access decisions and the event callbacks.
+ * The only module that wires the others to Mosquitto (util.h lists them, lowest first).
  * Contract: docs/plugin-protocol.md. */
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "mqfed.h"
+#include "calib.h"
+#include "commands.h"
+#include "events.h"
+#include "model.h"
+#include "origin.h"
+#include "shed.h"
+#include "sidecar.h"
+#include "util.h"
 
-struct mqfed g;
+#define MQFED_VERSION "0.1.0"
+#define MQFED_CONTROL_TOPIC "$CONTROL/mqfed/v1"
+#define MQFED_SIDECAR_USER "mqfed-sidecar"
+
+/* Options of the other modules, handed to their init. */
+struct module_opts {
+	const char *sidecar_id;
+	uint64_t window;
+	uint64_t buf_max_events;
+	uint64_t buf_max_bytes;
+	unsigned snapshot_chunk;
+	uint64_t fwd_q2_max;
+	uint64_t fwd_backlog_max;
+};
+
+static mosquitto_plugin_id_t *pid;
+
+/* options */
+static char *secret;
+static bool auth_grant;
+static bool acl_grant;
+static long heartbeat_ms;
+
+/* our own ACL check asked again while it runs (later_verdict) */
+static bool nested;
+
+/* timers */
+static int64_t last_heartbeat_ms;
+static time_t last_expiry_check;
 
 /* Internal to Mosquitto but exported by the 2.0.11 broker binary. Weak, so a build without it
  * still loads; used only to tell the subscribe ACL re-check of a kick (client state no longer
@@ -54,96 +87,68 @@ static int parse_mode(const char *key, const char *val, bool *grant)
 	return 0;
 }
 
-static int parse_options(struct mosquitto_opt *opts, int count)
+static int parse_options(struct mosquitto_opt *opts, int count, struct module_opts *mo)
 {
 	int i;
 	uint64_t v;
 
-	g.auth_grant = true;
-	g.acl_grant = true;
-	g.window = 500;
-	g.buf_max_events = 1000000;
-	g.buf_max_bytes = 268435456;
-	g.heartbeat_ms = 1000;
-	g.snapshot_chunk = 500;
-	g.fwd_q2_max = 65535;
-	g.fwd_backlog_max = 0;
+	auth_grant = true;
+	acl_grant = true;
+	heartbeat_ms = 1000;
+	mo->sidecar_id = NULL;
+	mo->window = 500;
+	mo->buf_max_events = 1000000;
+	mo->buf_max_bytes = 268435456;
+	mo->snapshot_chunk = 500;
+	mo->fwd_q2_max = 65535;
+	mo->fwd_backlog_max = 0;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
 		const char *val = opts[i].value ? opts[i].value : "";
 
 		if(streq(k, "sidecar_secret")){
-			free(g.secret);
-			g.secret = strdup(val);
+			free(secret);
+			secret = strdup(val);
 		}else if(streq(k, "sidecar_id")){
-			free(g.sidecar_id);
-			g.sidecar_id = strdup(val);
+			mo->sidecar_id = val;
 		}else if(streq(k, "auth")){
-			if(parse_mode(k, val, &g.auth_grant)) return -1;
+			if(parse_mode(k, val, &auth_grant)) return -1;
 		}else if(streq(k, "acl")){
-			if(parse_mode(k, val, &g.acl_grant)) return -1;
+			if(parse_mode(k, val, &acl_grant)) return -1;
 		}else if(streq(k, "event_window")){
-			if(parse_u64(k, val, 1, 1000000, &g.window)) return -1;
+			if(parse_u64(k, val, 1, 1000000, &mo->window)) return -1;
 		}else if(streq(k, "buffer_max_events")){
-			if(parse_u64(k, val, 1, UINT32_MAX, &g.buf_max_events)) return -1;
+			if(parse_u64(k, val, 1, UINT32_MAX, &mo->buf_max_events)) return -1;
 		}else if(streq(k, "buffer_max_bytes")){
-			if(parse_u64(k, val, 1024, UINT64_MAX / 2, &g.buf_max_bytes)) return -1;
+			if(parse_u64(k, val, 1024, UINT64_MAX / 2, &mo->buf_max_bytes)) return -1;
 		}else if(streq(k, "heartbeat_ms")){
 			if(parse_u64(k, val, 10, 3600000, &v)) return -1;
-			g.heartbeat_ms = (long)v;
+			heartbeat_ms = (long)v;
 		}else if(streq(k, "snapshot_chunk")){
 			if(parse_u64(k, val, 1, 1000000, &v)) return -1;
-			g.snapshot_chunk = (unsigned)v;
+			mo->snapshot_chunk = (unsigned)v;
 		}else if(streq(k, "fwd_qos2_max")){
-			if(parse_u64(k, val, 1, 1000000, &g.fwd_q2_max)) return -1;
+			if(parse_u64(k, val, 1, 1000000, &mo->fwd_q2_max)) return -1;
 		}else if(streq(k, "fwd_backlog_max")){
-			if(parse_u64(k, val, 0, UINT32_MAX, &g.fwd_backlog_max)) return -1;
+			if(parse_u64(k, val, 0, UINT32_MAX, &mo->fwd_backlog_max)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
 	}
-	if(g.secret == NULL || g.secret[0] == '\0'){
+	if(secret == NULL || secret[0] == '\0'){
 		mosquitto_log_printf(MOSQ_LOG_ERR,
 				"mqfed: plugin_opt_sidecar_secret is required; refusing to load");
 		return -1;
 	}
-	if(g.sidecar_id == NULL){
-		g.sidecar_id = strdup("mqfed-sidecar");
+	if(mo->sidecar_id == NULL){
+		mo->sidecar_id = "mqfed-sidecar";
 	}
-	if(g.sidecar_id == NULL || g.sidecar_id[0] == '\0'){
+	if(mo->sidecar_id[0] == '\0'){
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_sidecar_id must not be empty");
 		return -1;
 	}
-	g.fwd_id = malloc(strlen(g.sidecar_id) + sizeof(MQFED_FWD_SUFFIX));
-	if(g.fwd_id == NULL) return -1;
-	strcpy(g.fwd_id, g.sidecar_id);
-	strcat(g.fwd_id, MQFED_FWD_SUFFIX);
 	return 0;
-}
-
-static void make_epoch(void)
-{
-	unsigned char rnd[8];
-	size_t got = 0;
-	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	int i;
-
-	if(fd >= 0){
-		while(got < sizeof(rnd)){
-			ssize_t n = read(fd, rnd + got, sizeof(rnd) - got);
-			if(n <= 0) break;
-			got += (size_t)n;
-		}
-		close(fd);
-	}
-	if(got < sizeof(rnd)){
-		uint64_t x = (uint64_t)now_ms() ^ ((uint64_t)getpid() << 32);
-		memcpy(rnd, &x, sizeof(rnd));
-	}
-	for(i = 0; i < 8; i++){
-		snprintf(g.epoch + 2 * i, 3, "%02x", rnd[i]);
-	}
 }
 
 /* ---- access ---------------------------------------------------------------------------- */
@@ -155,9 +160,9 @@ static bool secret_ok(const char *password)
 
 	if(password == NULL) return false;
 	a = strlen(password);
-	b = strlen(g.secret);
+	b = strlen(secret);
 	for(i = 0; i < a && i < b; i++){
-		diff |= (unsigned char)(password[i] ^ g.secret[i]);
+		diff |= (unsigned char)(password[i] ^ secret[i]);
 	}
 	return diff == 0 && a == b;
 }
@@ -167,15 +172,10 @@ static bool secret_ok(const char *password)
  * check_retain_source, on a stack copy of the original publisher of a retained message. Those are
  * not live connections (state not "active") and carry the sidecar's client id and username, which
  * no other connection can get: BASIC_AUTH and EXT_AUTH_START refuse them without the secret. */
-bool is_sidecar_id(const char *id)
-{
-	return id != NULL && (streq(id, g.sidecar_id) || streq(id, g.fwd_id));
-}
-
 static bool is_sidecar(struct mosquitto *client)
 {
 	if(client == NULL) return false;
-	if(client == g.sidecar || client == g.fwd) return true;
+	if(client == sidecar_conn() || client == sidecar_fwd_conn()) return true;
 	if(mosquitto__get_state == NULL || mosquitto__get_state(client) == MOSQ_CS_ACTIVE) return false;
 	return is_sidecar_id(mosquitto_client_id(client))
 		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
@@ -184,7 +184,7 @@ static bool is_sidecar(struct mosquitto *client)
 /* The forwarding connection or its offline session (given is_sidecar). */
 static bool is_fwd(struct mosquitto *client)
 {
-	return client == g.fwd || streq(mosquitto_client_id(client), g.fwd_id);
+	return client == sidecar_fwd_conn() || streq(mosquitto_client_id(client), sidecar_fwd_id());
 }
 
 /* What shed.c needs to know: the filters .fwd subscribes to, and the copies routed to it. */
@@ -201,7 +201,7 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 		case MOSQ_ACL_READ:
 			/* not the re-check of its queued messages while .fwd connects (state not yet
 			 * active, handle_connect.c): those were counted when they were routed */
-			if(ed->client == g.fwd && mosquitto__get_state
+			if(ed->client == sidecar_fwd_conn() && mosquitto__get_state
 					&& mosquitto__get_state(ed->client) != MOSQ_CS_ACTIVE){
 				break;
 			}
@@ -214,7 +214,7 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 
 static bool is_recheck(struct mosquitto *client)
 {
-	if(client == g.kicking) return true;
+	if(model_is_kicking(client)) return true;
 	if(mosquitto__get_state && mosquitto__get_state(client) != MOSQ_CS_ACTIVE) return true;
 	return false;
 }
@@ -225,10 +225,10 @@ static int later_verdict(struct mosquitto *client, const char *topic, uint8_t qo
 {
 	int rc;
 
-	if(g.acl_grant || mosquitto_acl_check == NULL) return MOSQ_ERR_SUCCESS;
-	g.nested = true;
+	if(acl_grant || mosquitto_acl_check == NULL) return MOSQ_ERR_SUCCESS;
+	nested = true;
 	rc = mosquitto_acl_check(client, topic, 0, NULL, qos, false, access);
-	g.nested = false;
+	nested = false;
 	return rc;
 }
 
@@ -241,14 +241,12 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 		/* Not a SUBSCRIBE packet: Debian's CVE-2021-34434 fix re-checks (qos 0) every
 		 * subscription of a persistent client being kicked and silently removes the denied
 		 * ones. Nothing changes unless the rest of the chain now denies it. */
-		struct pending *p = pending_find(client);
-
-		if(p) pending_resolve(p); /* accepted: it is being kicked after connecting */
+		pending_resolve_conn(client); /* accepted: it is being kicked after connecting */
 		if(access != MOSQ_ACL_SUBSCRIBE) return;
 		if(later_verdict(client, filter, qos, access) == MOSQ_ERR_SUCCESS) return;
 		id = mosquitto_client_id(client);
 		c = model_find(id);
-		if(c && (c->conn == client || !c->online)){
+		if(c && (!model_client_online(c) || model_client_conn(c) == client)){
 			model_unsubscribe(c, filter);
 		}
 		return;
@@ -268,11 +266,11 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 static int on_acl_check(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_acl_check *ed = event_data;
-	int pass = g.acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
+	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 
 	(void)event;
 	(void)userdata;
-	if(g.nested) return MOSQ_ERR_PLUGIN_DEFER;
+	if(nested) return MOSQ_ERR_PLUGIN_DEFER;
 	if(ed->access == MOSQ_ACL_READ){
 		/* a message re-injected by .fwd never goes to a shared subscription (origin.c) */
 		if(origin_read_denied(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos,
@@ -314,13 +312,13 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 	struct mosquitto_evt_basic_auth *ed = event_data;
 	struct mosquitto *client = ed->client;
 	const char *id = mosquitto_client_id(client);
-	struct deny *d;
+	bool refuse;
 
 	(void)event;
 	(void)userdata;
 	origin_event();
 	if(id == NULL){
-		return g.auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
+		return auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	}
 	if(is_sidecar_id(id)){
 		if(!streq(ed->username, MQFED_SIDECAR_USER) || !secret_ok(ed->password)){
@@ -330,27 +328,27 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 			emit_connect_rejected(id, ed->username, "auth");
 			return MOSQ_ERR_AUTH;
 		}
-		if(streq(id, g.fwd_id)){
-			g.fwd = client;
+		if(streq(id, sidecar_fwd_id())){
+			sidecar_set_fwd_conn(client);
 			origin_fwd_auth(client);
 			shed_fwd_connected();
 		}else{
-			g.sidecar = client;
-			g.publishing = false; /* until it asks with resume or snapshot */
-			calib_on_sidecar_auth(client);
+			sidecar_set_conn(client);
+			ev_stop_publishing(); /* until it asks with resume or snapshot */
+			if(calib_on_sidecar_auth(client)){
+				model_fill_unknown_expiry(); /* v5 expiries unknown so far can be read now */
+			}
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
-	d = deny_find(id);
-	if(d){
-		g.denied_connects++;
+	if(deny_connect(id, &refuse)){
 		emit_connect_rejected(id, ed->username, "denied");
 		/* refuse: CONNACK "not authorized". retry: any other error closes the socket without a
 		 * CONNACK (handle_connect.c), a retriable network failure for the client. */
-		return d->refuse ? MOSQ_ERR_AUTH : MOSQ_ERR_UNKNOWN;
+		return refuse ? MOSQ_ERR_AUTH : MOSQ_ERR_UNKNOWN;
 	}
 	pending_add(client, id, ed->username);
-	return g.auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
+	return auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 }
 
 /* v5 enhanced authentication skips BASIC_AUTH: never let it claim the sidecar's client id. */
@@ -374,7 +372,7 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 static int on_message(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_message *ed = event_data;
-	struct pending *p;
+	struct mosquitto *sidecar = sidecar_conn(), *fwd = sidecar_fwd_conn();
 	const char *id;
 	cJSON *ev, *props;
 	char *b64;
@@ -382,16 +380,15 @@ static int on_message(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_on_message(ed);
-	if(ed->qos > 0 && ed->client != g.sidecar && ed->client != g.fwd && !is_sidecar(ed->client)
+	if(ed->qos > 0 && ed->client != sidecar && ed->client != fwd && !is_sidecar(ed->client)
 			&& shed_publish(ed->client, ed->topic, ed->qos)){
 		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
 		return MOSQ_ERR_ADMINISTRATIVE_ACTION;
 	}
-	if(!ed->retain || ed->client == g.sidecar || ed->client == g.fwd || ed->topic == NULL){
+	if(!ed->retain || ed->client == sidecar || ed->client == fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
-	p = pending_find(ed->client);
-	if(p) pending_resolve(p);
+	pending_resolve_conn(ed->client);
 	id = mosquitto_client_id(ed->client);
 	if(is_sidecar_id(id)) return MOSQ_ERR_SUCCESS;
 	(void)model_client_for_event(ed->client, false); /* never adopt: could be a bridge */
@@ -426,13 +423,15 @@ static int on_message(int event, void *event_data, void *userdata)
 static void emit_heartbeat(void)
 {
 	cJSON *ev = ev_new("heartbeat");
+	struct ev_stats st;
 
+	ev_stats(&st);
 	if(ev){
-		cJSON_AddNumberToObject(ev, "clients", g.n_online);
+		cJSON_AddNumberToObject(ev, "clients", model_online());
 		cJSON_AddNumberToObject(ev, "sessions", model_sessions());
-		cJSON_AddNumberToObject(ev, "subscriptions", (double)g.n_subs);
+		cJSON_AddNumberToObject(ev, "subscriptions", (double)model_subscriptions());
 		/* the unacked events before this one */
-		cJSON_AddNumberToObject(ev, "buffered", (double)g.ring_len);
+		cJSON_AddNumberToObject(ev, "buffered", (double)st.buffered);
 	}
 	ev_emit(ev);
 }
@@ -447,17 +446,17 @@ static int on_tick(int event, void *event_data, void *userdata)
 	(void)userdata;
 	origin_event();
 	origin_tick();
-	if(g.pending) pending_resolve_all();
+	pending_resolve_all();
 
 	now = time(NULL);
-	if(now != g.last_expiry_check){
-		g.last_expiry_check = now;
+	if(now != last_expiry_check){
+		last_expiry_check = now;
 		model_expire_sessions(now);
 	}
-	if(g.sidecar){
+	if(sidecar_conn()){
 		ms = now_ms();
-		if(ms - g.last_heartbeat_ms >= g.heartbeat_ms || ms < g.last_heartbeat_ms){
-			g.last_heartbeat_ms = ms;
+		if(ms - last_heartbeat_ms >= heartbeat_ms || ms < last_heartbeat_ms){
+			last_heartbeat_ms = ms;
 			emit_heartbeat();
 		}
 	}
@@ -473,17 +472,26 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	(void)userdata;
 	origin_event();
 	if(ed->client == NULL) return MOSQ_ERR_SUCCESS;
-	if(ed->client == g.sidecar){
-		g.sidecar = NULL;
-		g.publishing = false;
+	if(ed->client == sidecar_conn()){
+		sidecar_set_conn(NULL);
+		ev_stop_publishing();
 		return MOSQ_ERR_SUCCESS;
 	}
-	if(ed->client == g.fwd){
+	if(ed->client == sidecar_fwd_conn()){
 		origin_fwd_disconnect(ed->client);
-		g.fwd = NULL;
+		sidecar_set_fwd_conn(NULL);
 		return MOSQ_ERR_SUCCESS;
 	}
 	model_on_disconnect(ed->client);
+	return MOSQ_ERR_SUCCESS;
+}
+
+static int on_control(int event, void *event_data, void *userdata)
+{
+	(void)event;
+	(void)userdata;
+	origin_event();
+	commands_on_control(event_data);
 	return MOSQ_ERR_SUCCESS;
 }
 
@@ -494,12 +502,17 @@ static void free_all(void)
 	model_cleanup();
 	origin_cleanup();
 	shed_cleanup();
-	deny_cleanup();
+	commands_cleanup();
 	events_cleanup();
-	free(g.secret);
-	free(g.sidecar_id);
-	free(g.fwd_id);
-	memset(&g, 0, sizeof(g));
+	calib_cleanup();
+	sidecar_cleanup();
+	free(secret);
+	secret = NULL;
+	pid = NULL;
+	auth_grant = acl_grant = nested = false;
+	heartbeat_ms = 0;
+	last_heartbeat_ms = 0;
+	last_expiry_check = 0;
 }
 
 #define MQFED_EXPORT __attribute__((visibility("default")))
@@ -517,26 +530,29 @@ MQFED_EXPORT int mosquitto_plugin_version(int supported_version_count, const int
 MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata,
 		struct mosquitto_opt *options, int option_count)
 {
+	struct module_opts mo;
 	int rc;
 
-	memset(&g, 0, sizeof(g));
-	g.pid = identifier;
+	free_all(); /* from a clean state, as after a cleanup */
+	pid = identifier;
 	*userdata = NULL;
-	if(parse_options(options, option_count) || events_init()){
+	if(parse_options(options, option_count, &mo) || sidecar_init(mo.sidecar_id)
+			|| events_init(mo.window, mo.buf_max_events, mo.buf_max_bytes)){
 		free_all();
 		return MOSQ_ERR_INVAL;
 	}
-	make_epoch();
-	g.hash_seed = strtoull(g.epoch, NULL, 16);
+	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
+	shed_init(mo.fwd_backlog_max);
+	commands_init(mo.snapshot_chunk);
 
-	rc = mosquitto_callback_register(g.pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,
+	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,
 			NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_MESSAGE, on_message, NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_TICK, on_tick, NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL, NULL);
-	if(!rc) rc = mosquitto_callback_register(g.pid, MOSQ_EVT_CONTROL, on_control,
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_MESSAGE, on_message, NULL, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_TICK, on_tick, NULL, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_CONTROL, on_control,
 			MQFED_CONTROL_TOPIC, NULL);
 	if(rc){
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: registering callbacks failed (%d)", rc);
@@ -545,8 +561,8 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	}
 	mosquitto_log_printf(MOSQ_LOG_NOTICE,
 			"mqfed plugin %s loaded (protocol v1, epoch %s, sidecar id '%s', auth %s, acl %s)",
-			MQFED_VERSION, g.epoch, g.sidecar_id, g.auth_grant ? "grant" : "defer",
-			g.acl_grant ? "grant" : "defer");
+			MQFED_VERSION, ev_epoch(), sidecar_id(), auth_grant ? "grant" : "defer",
+			acl_grant ? "grant" : "defer");
 	if(mosquitto__get_state == NULL){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: mosquitto__get_state() not exported by this broker: subscribe ACL "
@@ -560,14 +576,14 @@ MQFED_EXPORT int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *
 	(void)userdata;
 	(void)options;
 	(void)option_count;
-	if(g.pid){
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_MESSAGE, on_message, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_TICK, on_tick, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
-		mosquitto_callback_unregister(g.pid, MOSQ_EVT_CONTROL, on_control, MQFED_CONTROL_TOPIC);
+	if(pid){
+		mosquitto_callback_unregister(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_MESSAGE, on_message, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_TICK, on_tick, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_CONTROL, on_control, MQFED_CONTROL_TOPIC);
 	}
 	free_all();
 	return MOSQ_ERR_SUCCESS;

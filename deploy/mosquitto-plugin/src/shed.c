@@ -21,17 +21,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "model.h"
+#include "shed.h"
 
 /* Beyond this many forwarding filters matching every one costs too much per publish: while
  * shedding, every QoS > 0 publish is then refused. */
 #define SHED_MATCH_MAX 4096
 
+/* A filter the forwarding connection subscribes to. */
+struct fwd_filter {
+	UT_hash_handle hh;         /* keyed by filter, verbatim */
+	char *filter;
+	const char *match;         /* filter without $share/<group>/ */
+};
+
+static struct fwd_filter *fwd_filters;
+static uint64_t fwd_backlog_max;  /* option fwd_backlog_max: 0 = never shed on the estimate */
+static uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidecar's last report */
+static uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
+static uint64_t fwd_reported_unacked;
+static uint64_t fwd_taken_seen;   /* the sidecar's running count of copies taken, last reported */
+static int64_t shed_until_ms;     /* the sidecar's lease: shed while now_ms() < this */
+static uint64_t shed_total;       /* publishers disconnected */
+static int64_t shed_logged_ms;
+
+void shed_init(uint64_t backlog_max)
+{
+	fwd_backlog_max = backlog_max;
+}
+
 void shed_fwd_filter(const char *filter, bool subscribed)
 {
 	struct fwd_filter *f;
 
-	HASH_FIND(hh, g.fwd_filters, filter, strlen(filter), f);
+	HASH_FIND(hh, fwd_filters, filter, strlen(filter), f);
 	if(subscribed && f == NULL){
 		f = calloc(1, sizeof(*f));
 		if(f) f->filter = strdup(filter);
@@ -40,9 +63,9 @@ void shed_fwd_filter(const char *filter, bool subscribed)
 			return;
 		}
 		f->match = strip_share(f->filter);
-		HASH_ADD_KEYPTR(hh, g.fwd_filters, f->filter, strlen(f->filter), f);
+		HASH_ADD_KEYPTR(hh, fwd_filters, f->filter, strlen(f->filter), f);
 	}else if(!subscribed && f != NULL){
-		HASH_DEL(g.fwd_filters, f);
+		HASH_DEL(fwd_filters, f);
 		free(f->filter);
 		free(f);
 	}
@@ -50,7 +73,7 @@ void shed_fwd_filter(const char *filter, bool subscribed)
 
 void shed_fwd_routed(uint8_t qos)
 {
-	if(qos > 0) g.fwd_since_report++;
+	if(qos > 0) fwd_since_report++;
 }
 
 /* `taken` is the sidecar's running count (it restarts from 0 with the sidecar). Copies it
@@ -58,31 +81,31 @@ void shed_fwd_routed(uint8_t qos)
  * starts again from 0 at every reconnect of .fwd. */
 void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms)
 {
-	uint64_t fresh = taken >= g.fwd_taken_seen ? taken - g.fwd_taken_seen : taken;
-	uint64_t routed = g.fwd_unread + g.fwd_since_report;
+	uint64_t fresh = taken >= fwd_taken_seen ? taken - fwd_taken_seen : taken;
+	uint64_t routed = fwd_unread + fwd_since_report;
 
-	g.fwd_unread = routed > fresh ? routed - fresh : 0;
-	g.fwd_taken_seen = taken;
-	g.fwd_since_report = 0;
-	g.fwd_reported_unacked = unacked;
-	g.shed_until_ms = lease_ms > 0 ? now_ms() + lease_ms : 0;
+	fwd_unread = routed > fresh ? routed - fresh : 0;
+	fwd_taken_seen = taken;
+	fwd_since_report = 0;
+	fwd_reported_unacked = unacked;
+	shed_until_ms = lease_ms > 0 ? now_ms() + lease_ms : 0;
 }
 
 void shed_fwd_connected(void)
 {
-	g.fwd_unread = 0;
-	g.fwd_reported_unacked = 0;
+	fwd_unread = 0;
+	fwd_reported_unacked = 0;
 }
 
 uint64_t shed_backlog(void)
 {
-	return g.fwd_reported_unacked + g.fwd_unread + g.fwd_since_report;
+	return fwd_reported_unacked + fwd_unread + fwd_since_report;
 }
 
 bool shed_active(void)
 {
-	if(g.shed_until_ms != 0 && now_ms() < g.shed_until_ms) return true;
-	return g.fwd_backlog_max > 0 && shed_backlog() >= g.fwd_backlog_max;
+	if(shed_until_ms != 0 && now_ms() < shed_until_ms) return true;
+	return fwd_backlog_max > 0 && shed_backlog() >= fwd_backlog_max;
 }
 
 static bool wanted_by_fwd(const char *topic)
@@ -90,8 +113,8 @@ static bool wanted_by_fwd(const char *topic)
 	struct fwd_filter *f, *tmp;
 	bool match;
 
-	if(HASH_COUNT(g.fwd_filters) > SHED_MATCH_MAX) return true;
-	HASH_ITER(hh, g.fwd_filters, f, tmp){
+	if(HASH_COUNT(fwd_filters) > SHED_MATCH_MAX) return true;
+	HASH_ITER(hh, fwd_filters, f, tmp){
 		match = false;
 		if(mosquitto_topic_matches_sub(f->match, topic, &match) == MOSQ_ERR_SUCCESS && match){
 			return true;
@@ -104,30 +127,25 @@ static bool wanted_by_fwd(const char *topic)
  * disconnected: the caller then fails the publish, which Mosquitto neither stores nor acks. */
 bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos)
 {
-	struct pending *p;
 	char *id;
 	int64_t now;
 
 	if(qos == 0 || topic == NULL || !shed_active() || !wanted_by_fwd(topic)) return false;
 	id = xstrdup(mosquitto_client_id(client));
 	if(id == NULL) return false;
-	p = pending_find(client);
-	if(p) pending_resolve(p); /* it published: its connect was accepted */
-	g.shed_total++;
+	pending_resolve_conn(client); /* it published: its connect was accepted */
+	shed_total++;
 	now = now_ms();
-	if(now - g.shed_logged_ms >= 1000){
-		g.shed_logged_ms = now;
+	if(now - shed_logged_ms >= 1000){
+		shed_logged_ms = now;
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: the cluster is overloaded (its forwarding backlog is near Mosquitto's "
 				"limit): disconnected publisher '%s' before acknowledging its message, which it "
 				"resends after reconnecting (%llu publishers shed so far)",
-				id, (unsigned long long)g.shed_total);
+				id, (unsigned long long)shed_total);
 	}
-	/* Mosquitto re-checks the subscriptions of a persistent client it kicks: g.kicking marks
-	 * them as re-checks. Kicked without its will: the client did nothing wrong. */
-	g.kicking = client;
-	mosquitto_kick_client_by_clientid(id, false);
-	g.kicking = NULL;
+	/* Kicked without its will: the client did nothing wrong. */
+	model_kick(client, id, false);
 	free(id);
 	return true;
 }
@@ -136,9 +154,20 @@ void shed_cleanup(void)
 {
 	struct fwd_filter *f, *tmp;
 
-	HASH_ITER(hh, g.fwd_filters, f, tmp){
-		HASH_DEL(g.fwd_filters, f);
+	HASH_ITER(hh, fwd_filters, f, tmp){
+		HASH_DEL(fwd_filters, f);
 		free(f->filter);
 		free(f);
 	}
+	fwd_backlog_max = fwd_since_report = fwd_unread = 0;
+	fwd_reported_unacked = fwd_taken_seen = shed_total = 0;
+	shed_until_ms = shed_logged_ms = 0;
+}
+
+void shed_stats(struct shed_stats *s)
+{
+	s->filters = HASH_COUNT(fwd_filters);
+	s->since_report = fwd_since_report;
+	s->unread = fwd_unread;
+	s->total = shed_total;
 }

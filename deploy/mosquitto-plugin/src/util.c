@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mqfed.h"
+#include "util.h"
 
 int64_t now_ms(void)
 {

@@ -1,0 +1,12 @@
+/* Commands from the sidecar and the deny list (commands.c). */
+#ifndef MQFED_COMMANDS_H
+#define MQFED_COMMANDS_H
+
+#include "util.h"
+
+void commands_init(unsigned snapshot_chunk);
+void commands_on_control(const struct mosquitto_evt_control *ed);
+bool deny_connect(const char *id, bool *refuse);
+void commands_cleanup(void);
+
+#endif

@@ -1,0 +1,50 @@
+/* The plugin's model of clients, sessions and subscriptions (model.c). */
+#ifndef MQFED_MODEL_H
+#define MQFED_MODEL_H
+
+#include "util.h"
+
+/* One client id known to the plugin: an online connection or an offline persistent session.
+ * Owned by model.c; valid until the next change of the model. */
+struct client;
+
+/* Kept with each client for origin.c: the READ checks Mosquitto makes for this client while
+ * routing one re-injected message. */
+struct client_run {
+	uint64_t seq;              /* which routing */
+	const char *topic;         /* identity only, never dereferenced */
+	unsigned checks;           /* checks so far */
+	unsigned plain;            /* matching plain subscriptions */
+	unsigned shared;           /* matching shared subscriptions */
+};
+
+void model_cleanup(void);
+struct client *model_find(const char *id);
+struct client *model_next(struct client *c);
+unsigned model_sessions(void);
+unsigned model_online(void);
+uint64_t model_subscriptions(void);
+const char *model_client_id(const struct client *c);
+bool model_client_online(const struct client *c);
+struct mosquitto *model_client_conn(const struct client *c);
+bool model_client_has_sub(struct client *c, const char *filter);
+unsigned model_client_shared(const struct client *c);
+void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared);
+struct client_run *model_client_run(struct client *c);
+cJSON *model_client_json(struct client *c);
+
+void pending_add(struct mosquitto *conn, const char *id, const char *username);
+void pending_resolve_conn(struct mosquitto *conn);
+void pending_resolve_all(void);
+struct client *model_client_for_event(struct mosquitto *conn, bool adopt);
+void model_on_disconnect(struct mosquitto *conn);
+void model_subscribe(struct client *c, const char *filter, uint8_t qos);
+void model_unsubscribe(struct client *c, const char *filter);
+void model_expire_sessions(time_t now);
+void model_fill_unknown_expiry(void);
+void emit_connect_rejected(const char *id, const char *username, const char *reason);
+
+void model_kick(struct mosquitto *conn, const char *id, bool with_will);
+bool model_is_kicking(struct mosquitto *conn);
+
+#endif

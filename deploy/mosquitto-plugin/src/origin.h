@@ -1,0 +1,24 @@
+/* Re-injected messages never reach shared subscriptions (origin.c). */
+#ifndef MQFED_ORIGIN_H
+#define MQFED_ORIGIN_H
+
+#include "util.h"
+
+struct origin_stats {
+	uint64_t denied;           /* deliveries to shared subscriptions refused */
+	unsigned tracked;          /* QoS 2 messages awaiting their PUBREL */
+	uint64_t forgotten;        /* entries forgotten before their routing */
+};
+
+void origin_init(uint64_t q2_max, uint64_t hash_seed);
+void origin_event(void);
+void origin_on_message(const struct mosquitto_evt_message *ed);
+bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
+		uint32_t payloadlen, uint8_t qos, bool retain);
+void origin_fwd_auth(struct mosquitto *client);
+void origin_fwd_disconnect(struct mosquitto *client);
+void origin_tick(void);
+void origin_stats(struct origin_stats *s);
+void origin_cleanup(void);
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * mqfed Mosquitto plugin: what every module shares (headers, small helpers of util.c).
+ *
+ * Modules, each with its own header, lowest first; a module includes only headers of modules
+ * before it, and keeps its state static: util, sidecar, events, calib, model, shed, origin,
+ * commands, plugin (which alone wires them to Mosquitto's callbacks).
+ *
+ * The plugin is single threaded: Mosquitto 2.0 calls every callback from its main loop.
+ * The contract with the sidecar is docs/plugin-protocol.md.
+ */
+#ifndef MQFED_UTIL_H
+#define MQFED_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <mosquitto.h>
+#include <mosquitto_broker.h>
+#include <mosquitto_plugin.h>
+#include <mqtt_protocol.h>
+
+#include "uthash.h"
+
+int64_t now_ms(void);
+char *xstrdup(const char *s);
+bool streq(const char *a, const char *b);
+char *b64_encode(const void *data, size_t len, size_t *out_len);
+int b64_decode(const char *in, unsigned char **out, size_t *out_len);
+bool topic_in_subtree(const char *topic, const char *root);
+const char *strip_share(const char *filter);
+uint64_t hash_bytes(uint64_t h, const void *data, size_t len);
+void cjson_add_str_or_null(cJSON *o, const char *key, const char *v);
+void cjson_add_expiry(cJSON *o, const char *key, int64_t v);
+cJSON *properties_to_json(const mosquitto_property *props);
+int properties_from_json(const cJSON *j, mosquitto_property **props);
+
+#endif
