@@ -25,7 +25,6 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as wire
-from sidecar.peering.dedup import Deduplicator
 from sidecar.peering.handshake import Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
@@ -50,32 +49,22 @@ from sidecar.routing.interest import (
     RemoteInterest,
     RequestSnapshot,
 )
+from sidecar.routing.pacing import BATCH_MESSAGES, DRAIN_RATE, Pacing
+from sidecar.routing.receiver import (
+    ACK_REJECTED,
+    DeliverShared,
+    Receiver,
+    Reinject,
+    SendAcks,
+)
 from sidecar.routing.table import InterestChange, SubscriptionTable
 
 log = logging.getLogger("mqfed.routing")
 
-ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
-BATCH_MESSAGES = 500
 BATCH_BYTES = 1 << 20
 PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
 # (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
-BACKLOG = 2000  # queued messages at reconnect above which a peer's backlog drains at DRAIN_RATE
-ACK_LINGER = 0.005  # seconds an ack to a peer waits for company: at a moderate rate each
-# message otherwise costs a gRPC write of its own on the receiver and a read on the origin;
-# acks only release the origin's hold on Mosquitto, never a subscriber's delivery
-ACK_BATCH = 256  # acks to a peer that are sent at once without waiting for the linger
-LINGER = 0.0005  # seconds a small batch waits for company while Mosquitto holds a backlog
-LINGER_BELOW = 64  # messages: a batch this small may linger
-LINGER_BACKLOG = 200  # copies Mosquitto holds for the forwarding client (the plugin's estimate)
-# above which the origin is behind: then fewer, larger frames raise its throughput (each gRPC
-# write costs about as much as 10 small messages), and the messages wait anyway
-REPLAY_SHARE = 0.8  # of max_queued_messages: a backlog in Mosquitto for the forwarding client
-# above this (only possible with overload.backlog_max raised, or after this sidecar stalled)
-# is forwarded paced, like a backlog after an outage: all at once it could overrun a
-# subscriber's queue (max_queued_messages) on the receiving node, where Mosquitto drops silently
-DRAIN_RATE = 2000.0  # messages/s: a backlog burst must not overrun the receiving Mosquitto's
-# per-subscriber queues (max_queued_messages), which drop messages silently
 
 
 class ClusterRouting:
@@ -98,23 +87,16 @@ class ClusterRouting:
         self.remote = RemoteInterest()
         self.clock = HybridClock()
         self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock)
-        self.dedup = Deduplicator()
+        self.receiver = Receiver()
         self.queues: dict[str, OutboundQueue] = {}
         self._offered_at: dict[str, dict[int, float]] = {}
         self._qos0: dict[str, list[bytes]] = {}
-        self._acks: dict[str, list[tuple[int, int, int]]] = {}
-        self._reinjecting: dict[int, tuple[str, int, int]] = {}  # ticket -> peer, inc, seq
-        self._shared_turn: dict[tuple[str, str], int] = {}  # round robin per shared group
         self._flush_scheduled = False
         self._ack_timer: asyncio.TimerHandle | None = None
-        self._linger_until: dict[str, float] = {}  # peer -> when its lingering batch leaves
         self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
         self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
-        self._drain_budget: dict[str, tuple[float, float]] = {}  # draining peer -> tokens, at
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"received": 0, "reinjected": 0, "duplicates": 0, "shared_delivered": 0,
-                         "shared_rejected": 0, "qos0_dropped": 0, "queue_refused": 0,
-                         "unroutable": 0}
+        self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0}
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
         self.peer_received: dict[str, int] = {}
         self.hop_latency = LatencyHistogram()  # origin HLC -> received here
@@ -125,7 +107,7 @@ class ClusterRouting:
         self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
                                   on_connected=self._on_fwd_connected)
         self.backpressure = Backpressure(shed_threshold(self.fwd.receive_maximum, shed_above))
-        self._replay_above = int(REPLAY_SHARE * max(0, self.fwd.max_queued))
+        self.pacing = Pacing(self.fwd.max_queued)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
                                         self.fwd, lambda: list(self.queues), read_retained,
                                         tombstone_grace)
@@ -199,7 +181,7 @@ class ClusterRouting:
             if queue is not None:
                 queue.store.close()
             self._offered_at.pop(peer, None)
-            self._linger_until.pop(peer, None)
+            self.pacing.forget(peer)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
@@ -227,9 +209,8 @@ class ClusterRouting:
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
-            if queue.count() > BACKLOG:  # a backlog from the outage: drain it paced
-                self._drain_budget[peer] = (float(BATCH_MESSAGES), time.monotonic())
-            self._schedule_flush()
+            self.pacing.on_reconnected(peer, queue.count(), time.monotonic())  # an outage's
+            self._schedule_flush()  # backlog drains paced
 
     def on_outbound_down(self, peer: str, reason: str) -> None:
         log.info("peer stream down", extra={"peer": peer, "reason": reason})
@@ -246,7 +227,7 @@ class ClusterRouting:
         self.on_peer_hello(accept.peer)
 
     def on_inbound_down(self, peer: str, reason: str) -> None:
-        self._acks.pop(peer, None)  # unsent acks: the peer re-sends those messages
+        self.receiver.on_inbound_down(peer)  # unsent acks: the peer re-sends those messages
 
     def on_refused(self, peer: str, refuse: peer_pb2.Refuse) -> None:
         log.error("peer refused this node: %s", refuse.message, extra={"peer": peer})
@@ -297,6 +278,11 @@ class ClusterRouting:
             self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
 
     @property
+    def counters(self) -> dict[str, int]:
+        """Receive-side and forwarding drop counters (metrics, admin status)."""
+        return {**self.receiver.counters, **self._counters}
+
+    @property
     def unsettled(self) -> int:
         """Messages from Mosquitto not yet settled with every target peer."""
         return self.forwarder.pending
@@ -334,19 +320,20 @@ class ClusterRouting:
             elif isinstance(action, DeliverLocalShared):
                 asyncio.get_running_loop().create_task(self._deliver_local(action.envelope))
             elif isinstance(action, Unroutable):
-                self.counters["unroutable"] += 1
+                self._counters["unroutable"] += 1
 
     async def _deliver_local(self, env: Envelope) -> None:
         """A rejected shared delivery with no remote member left: one local member takes it."""
-        if not await self._deliver_to_member(env):
-            self.counters["unroutable"] += 1
+        members = self.shared_members(env.shared_group or "", env.shared_filter)
+        if not await self._deliver_to(self.receiver.pick_member(env, members), env):
+            self._counters["unroutable"] += 1
         self._ack_local(self.forwarder.on_settled(LOCAL, [env.origin_seq]))
 
     def _queue(self, peer: str, env: Envelope, now: float) -> None:
         queue = self.queues[peer]
         reason = queue.offer(env.origin_seq, wire.encode_envelope(env))
         if reason is not None:
-            self.counters["queue_refused"] += 1
+            self._counters["queue_refused"] += 1
             log.warning("outbound queue refused a message", extra={"peer": peer,
                                                                    "reason": reason})
             self._run_forward(self.forwarder.on_rejected(peer, env.origin_seq))
@@ -412,7 +399,7 @@ class ClusterRouting:
         self._flush_scheduled = False
         for peer, envs in self._qos0.items():
             if envs and not self.transport.send(peer, wire.batch_frame(envs)):
-                self.counters["qos0_dropped"] += len(envs)
+                self._counters["qos0_dropped"] += len(envs)
             elif envs:
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(envs)
         self._qos0.clear()
@@ -423,7 +410,7 @@ class ClusterRouting:
             budget = self._budget(peer, queue, now)
             # A frame is built only when the stream is free: messages arriving during a
             # write join the next frame, so frames grow with the load (fewer, larger writes)
-            if self.transport.busy(peer) or self._linger(peer, queue, now):
+            if self.transport.busy(peer) or self._lingers(peer, queue, now):
                 continue
             while not self.transport.busy(peer) and budget >= 1:
                 batch = queue.next_batch(int(min(BATCH_MESSAGES, budget)), BATCH_BYTES)
@@ -432,74 +419,56 @@ class ClusterRouting:
                 budget -= len(batch)
                 self.transport.send(peer, wire.batch_frame(m.data for m in batch))
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
-            if peer in self._drain_budget:
-                self._drain_budget[peer] = (budget, now)
+            self.pacing.spent(peer, budget, now)
 
-    def _linger(self, peer: str, queue: OutboundQueue, now: float) -> bool:
-        """Whether `peer`'s next batch waits (at most LINGER) for more messages: only while
-        the origin is behind (see LINGER_BACKLOG) and the batch is small, so a moderate rate
-        never waits."""
-        if (self.backpressure.plugin_backlog <= LINGER_BACKLOG
-                or queue.unsent_in_memory() >= LINGER_BELOW):
-            self._linger_until.pop(peer, None)
+    def _lingers(self, peer: str, queue: OutboundQueue, now: float) -> bool:
+        """Whether `peer`'s next batch waits for company (`Pacing.linger`)."""
+        wait = self.pacing.linger(peer, queue.unsent_in_memory(),
+                                  self.backpressure.plugin_backlog, now)
+        if wait is None:
             return False
-        until = self._linger_until.get(peer)
-        if until is None:
-            self._linger_until[peer] = now + LINGER
-            asyncio.get_running_loop().call_later(LINGER, self._schedule_flush)
-            return True
-        if now < until:  # its timer is pending
-            return True
-        del self._linger_until[peer]
-        return False
+        until, new = wait
+        if new:
+            asyncio.get_running_loop().call_later(until - now, self._schedule_flush)
+        return True
 
     def _budget(self, peer: str, queue: OutboundQueue, now: float) -> float:
-        """How many queued messages may go to `peer` now: unlimited for live traffic, paced
-        at DRAIN_RATE while a backlog drains: the one found at reconnect, or a replay (see
-        REPLAY_SHARE) taken out of Mosquitto after this sidecar stalled."""
-        backlog = self.backpressure.plugin_backlog
-        replay = self._replay_above
-        if peer not in self._drain_budget:
-            if not replay or backlog <= replay:
-                return float("inf")
+        """How many queued messages may go to `peer` now (`Pacing.budget`)."""
+        budget = self.pacing.budget(peer, queue.count(), self.backpressure.plugin_backlog, now)
+        if budget.replay_started:
             log.warning("a backlog of %d copies waits in Mosquitto (this sidecar stalled?): "
                         "forwarding it paced at %d msgs/s so subscribers on %s keep up",
-                        backlog, DRAIN_RATE, peer, extra={"peer": peer})
-            self._drain_budget[peer] = (DRAIN_RATE / 4, now)
-        elif queue.count() <= BACKLOG // 2 and (not replay or backlog <= replay // 2):
-            del self._drain_budget[peer]
-            return float("inf")
-        tokens, at = self._drain_budget[peer]
-        tokens = min(tokens + (now - at) * DRAIN_RATE, DRAIN_RATE / 4)
-        self._drain_budget[peer] = (tokens, now)
-        return tokens
+                        self.backpressure.plugin_backlog, DRAIN_RATE, peer,
+                        extra={"peer": peer})
+        return budget.messages
 
     # ---- receiving side ----------------------------------------------------------------
     def _on_envelopes(self, peer: str, envelopes) -> None:
+        now = time.monotonic()
         now_ms = time.time() * 1000
         self.peer_received[peer] = self.peer_received.get(peer, 0) + len(envelopes)
+        receiver = self.receiver
         for msg in envelopes:
-            self.counters["received"] += 1
             mid = MessageId(msg.origin_node, msg.origin_incarnation, msg.origin_seq)
-            if not self.dedup.accept(mid):
-                self.counters["duplicates"] += 1
-                if msg.qos:
-                    self._ack_peer(peer, msg.origin_incarnation, msg.origin_seq, ACK_OK)
+            first, actions = receiver.accept(peer, mid, msg.qos, now)
+            if not first:
+                self._run_receive(actions)
                 continue
             self.hop_latency.observe(now_ms - (msg.hlc >> 16))
             trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
             env = wire.decode_envelope(msg)
-            if env.shared_group is not None:
-                asyncio.get_running_loop().create_task(self._deliver_shared(peer, env))
+            members = (self.shared_members(env.shared_group, env.shared_filter)
+                       if env.shared_group is not None else [])
+            action = receiver.route(peer, env, members)
+            if isinstance(action, DeliverShared):
+                self._run_receive([action])
                 continue
-            pmid = self.fwd.publish(env.topic, env.payload, env.qos, env.properties)
-            self.counters["reinjected"] += 1
+            ticket = self.fwd.publish(env.topic, env.payload, env.qos, env.properties)
+            receiver.on_reinjecting(ticket, peer, env)
             if trace is not None:
                 self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
                 if env.qos:
-                    self.tracer.expect_ack(pmid, trace)
-            if env.qos:
-                self._reinjecting[pmid] = (peer, env.origin_incarnation, env.origin_seq)
+                    self.tracer.expect_ack(ticket, trace)
 
     def _trace_received(self, peer: str, msg: peer_pb2.Envelope, now_ms: float) -> str | None:
         trace = trace_id((p.key, p.value) for p in msg.user_properties)
@@ -508,32 +477,31 @@ class ClusterRouting:
                                f"{now_ms - (msg.hlc >> 16):.1f} ms after the origin stamped it")
         return trace
 
-    def _on_published(self, mids: list[int]) -> None:
+    def _on_published(self, tickets: list[int]) -> None:
         if self.tracer.waiting:
-            self.tracer.on_acked(mids, time.time() * 1000)
-        for mid in self.retained.on_published(mids):
-            entry = self._reinjecting.pop(mid, None)
-            if entry is not None:
-                self._ack_peer(entry[0], entry[1], entry[2], ACK_OK)
+            self.tracer.on_acked(tickets, time.time() * 1000)
+        self._run_receive(self.receiver.on_confirmed(self.retained.on_published(tickets),
+                                                     time.monotonic()))
 
-    def _ack_peer(self, peer: str, inc: int, seq: int, status: int) -> None:
-        """Queue an ack to `peer`; acks leave ACK_LINGER after the first one waiting, or at
-        once when ACK_BATCH of them wait for one peer."""
-        acks = self._acks.setdefault(peer, [])
-        acks.append((inc, seq, status))
-        if len(acks) >= ACK_BATCH:
-            self._send_acks()
-        elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(ACK_LINGER, self._send_acks)
-
-    def _send_acks(self) -> None:
-        if self._ack_timer is not None:
+    def _run_receive(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, SendAcks):
+                for peer, acks in action.acks.items():
+                    self.transport.reply(peer, wire.ack_frame(acks))
+            elif isinstance(action, DeliverShared):
+                asyncio.get_running_loop().create_task(self._deliver_shared(action))
+            elif isinstance(action, Reinject):  # pragma: no cover - routed in _on_envelopes
+                raise TypeError("re-injections are published where they are routed")
+        due = self.receiver.ack_due
+        if due is not None and self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_at(due, self._on_ack_timer)
+        elif due is None and self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
-        for peer, acks in self._acks.items():
-            if acks:
-                self.transport.reply(peer, wire.ack_frame(acks))
-        self._acks.clear()
+
+    def _on_ack_timer(self) -> None:
+        self._ack_timer = None
+        self._run_receive(self.receiver.on_timer(time.monotonic()))
 
     def shared_members(self, group: str, filter: str) -> list[str]:
         """Local clients holding ``$share/<group>/<filter>`` to pick from: the online ones,
@@ -543,15 +511,10 @@ class ClusterRouting:
                    if verbatim in self.table.subscriptions(c)]
         return [c for c, online in holders if online] or [c for c, _ in holders]
 
-    async def _deliver_to_member(self, env: Envelope) -> bool:
-        """Deliver to one local member of the envelope's shared group, round robin."""
-        online = self.shared_members(env.shared_group or "", env.shared_filter)
-        if not online:
+    async def _deliver_to(self, client: str | None, env: Envelope) -> bool:
+        """Deliver to one local member of the envelope's shared group."""
+        if client is None:
             return False
-        key = (env.shared_group or "", env.shared_filter)
-        turn = self._shared_turn.get(key, 0)
-        self._shared_turn[key] = turn + 1
-        client = online[turn % len(online)]
         try:
             await self.deliver(client, env)
         except Exception as exc:  # the plugin refused or timed out: the origin is told
@@ -559,15 +522,10 @@ class ClusterRouting:
             return False
         return True
 
-    async def _deliver_shared(self, peer: str, env: Envelope) -> None:
-        if await self._deliver_to_member(env):
-            status = ACK_OK
-            self.counters["shared_delivered"] += 1
-        else:
-            status = ACK_REJECTED
-            self.counters["shared_rejected"] += 1
-        if env.qos:
-            self._ack_peer(peer, env.origin_incarnation, env.origin_seq, status)
+    async def _deliver_shared(self, action: DeliverShared) -> None:
+        delivered = await self._deliver_to(action.client, action.envelope)
+        self._run_receive(self.receiver.on_shared_result(action.peer, action.envelope,
+                                                         delivered, time.monotonic()))
 
     def pressure_report(self, now: float) -> Report | None:
         """The overload report the plugin should get now (sidecar.local.pressure), if any."""

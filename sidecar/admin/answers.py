@@ -12,7 +12,7 @@ from sidecar.admin.retained import RetainedSource
 from sidecar.topics import matches
 
 if TYPE_CHECKING:
-    from sidecar.node_view import NodeView
+    from sidecar.node.facts import NodeView
 
 __all__ = ["Answers", "node_info"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from sidecar.membership.routed import CRASHED_RETENTION, within_retention
 from sidecar.membership.view import Change, NodeRecord
 
 __all__ = ["Directory", "Entry", "UnknownNode"]
@@ -33,7 +34,7 @@ class Entry:
 class Directory:
     """The cluster's nodes as this node sees them."""
 
-    def __init__(self, me: NodeRecord, crashed_retention: float = 600.0) -> None:
+    def __init__(self, me: NodeRecord, crashed_retention: float = CRASHED_RETENTION) -> None:
         self.me = me
         self.crashed_retention = crashed_retention
         self._entries: dict[str, Entry] = {me.node_id: Entry(me, "up", me.started_at)}
@@ -79,4 +80,4 @@ class Directory:
                 raise UnknownNode(f"no node {', '.join(unknown)} in this cluster (known: {known})")
             return [self._entries[n] for n in dict.fromkeys(wanted)]
         return [e for e in self.entries() if e.state == "up" or (
-            e.state == "crashed" and now - e.since < self.crashed_retention)]
+            e.state == "crashed" and within_retention(e.since, now, self.crashed_retention))]

@@ -32,7 +32,7 @@ from sidecar.peering.tls import PeerTls
 from sidecar.topics import TopicError, validate_topic
 
 if TYPE_CHECKING:
-    from sidecar.node_view import NodeView
+    from sidecar.node.facts import NodeView
 
 __all__ = ["AdminServer", "AdminServerError"]
 

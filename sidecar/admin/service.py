@@ -22,7 +22,7 @@ from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
 
 if TYPE_CHECKING:
-    from sidecar.node_view import NodeView
+    from sidecar.node.facts import NodeView
 
 __all__ = ["AdminService"]
 

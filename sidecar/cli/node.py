@@ -27,7 +27,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.node import NodeError, NodeLayout, render_mosquitto_conf, run_node
+    from sidecar.node.layout import NodeError, NodeLayout, render_mosquitto_conf
+    from sidecar.node.node import run_node
 
     try:
         config = load_config(args.config)

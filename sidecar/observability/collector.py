@@ -15,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from sidecar.node_view import NodeView
+    from sidecar.node.facts import NodeView
 
 __all__ = ["NodeCollector"]
 

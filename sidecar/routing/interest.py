@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sidecar.routing.shared import RoundRobin
 from sidecar.routing.table import InterestAdded, InterestChange, InterestKey, InterestRemoved
 from sidecar.topics import SHARE_PREFIX, TopicError, TopicTrie, matches, parse_filter
 
@@ -216,9 +217,8 @@ class RemoteInterest:
         self._by_sid: dict[int, _Union] = {}
         self._plain: TopicTrie[int] = TopicTrie()  # plain union filters -> subscription id
         self._shared: dict[InterestKey, tuple[str, ...]] = {}  # sorted peers per shared key
-        self._rr: dict[InterestKey, int] = {}
+        self._rr: RoundRobin[str] = RoundRobin(seed)
         self._top_sid = 0
-        self._seed = seed
         self.invalid_keys = 0
 
     # ---- updates ---------------------------------------------------------------------------
@@ -441,7 +441,7 @@ class RemoteInterest:
             self._shared[key] = tuple(sorted(peers))
         else:
             self._shared.pop(key, None)
-            self._rr.pop(key, None)
+            self._rr.forget(key)
 
     def _pick(self, key: InterestKey, down: Collection[str]) -> str | None:
         holders = self._shared.get(key)
@@ -450,9 +450,7 @@ class RemoteInterest:
         if down:
             up = tuple(p for p in holders if p not in down)
             holders = up or holders
-        turn = self._rr.get(key, 0)
-        self._rr[key] = turn + 1
-        return holders[(self._seed + turn) % len(holders)]
+        return self._rr.pick(key, holders)
 
 
 def _order(key: InterestKey) -> tuple[str, str]:

@@ -99,10 +99,12 @@ CORES = {
     "sidecar.retained.antientropy", "sidecar.local.reinjection", "sidecar.local.midgaps",
     "sidecar.local.pressure", "sidecar.local.mqtt_codec", "sidecar.local.stream",
     "sidecar.peering.dedup", "sidecar.peering.outbound", "sidecar.peering.handshake",
+    "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
+    "sidecar.membership.routed",
     "sidecar.hlc", "sidecar.topics", "sidecar.message",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""
-VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol"}
+VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol", "sidecar.membership.view"}
 """Plain values the cores take as input (the plugin's decoded events)."""
 IO = {"asyncio", "socket", "grpc", "paho", "sqlite3", "aetcd", "subprocess", "threading",
       "time", "os", "logging"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import render_toml
-from sidecar.node import NodeLayout
+from sidecar.node.layout import NodeLayout
 from sidecar.procinfo import pid_alive, runs
 from tests.harness.procs import ManagedProcess, ProcessGroup, free_port, wait_for
 

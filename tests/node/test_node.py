@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from sidecar.cluster.procs import find
-from sidecar.node import NodeLayout
+from sidecar.node.layout import NodeLayout
 from sidecar.procinfo import pid_alive
 from tests.harness.procs import free_port, wait_for
 from tests.node.conftest import REPO, node_config

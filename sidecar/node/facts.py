@@ -1,7 +1,7 @@
 """`NodeView`: what the admin API and the metrics read of a running node (read-only).
 
-`sidecar.node.Node` satisfies it; `admin/` and `observability/` take this view instead of the
-node itself, so they never import `sidecar.node` (which builds them: no import cycle) and
+`sidecar.node.node.Node` satisfies it; `admin/` and `observability/` take this view instead of the
+node itself, so they never import `sidecar.node.node` (which builds them: no import cycle) and
 never reach into its private fields.
 """
 

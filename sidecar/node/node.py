@@ -1,0 +1,397 @@
+"""One mqfed node: Mosquitto with the plugin, the local link, and the cores (wiring).
+
+This is the only module that knows every part: it builds them from the config, starts and
+stops them in order, and publishes the node's status file (`<run_dir>/state.json`). The
+plugin's events and commands are `sidecar.node.sync`; which peers are routed to is
+`sidecar.membership.routed`; files and the Mosquitto config are `sidecar.node.layout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib.metadata
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from sidecar.admin.service import AdminService
+from sidecar.broker import conf as broker_conf
+from sidecar.broker.process import MosquittoProcess
+from sidecar.cluster_routing import ClusterRouting
+from sidecar.config import NodeConfig, is_loopback
+from sidecar.drain import drain
+from sidecar.local.events import ProtocolError, RetainedSeen, Snapshot
+from sidecar.local.forward_client import ForwardClient
+from sidecar.local.link import LocalLink
+from sidecar.local.pressure import Report
+from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.local.stream import EventStream
+from sidecar.membership.etcd import EtcdMembership
+from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
+from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
+from sidecar.node.sync import PluginSync
+from sidecar.peering.handshake import Hello
+from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
+from sidecar.peering.transport import PeerTransportError
+from sidecar.retained.service import link_reader
+from sidecar.routing.table import InterestChange, SubscriptionTable
+from sidecar.tokens import AuthError, read_token
+
+log = logging.getLogger("mqfed.node")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+
+STATUS_DETAIL_LIMIT = 1000
+try:
+    VERSION = importlib.metadata.version("mqfed")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    VERSION = "0.0.0+source"
+
+
+class Node:
+    """A running node; `run()` until `stop()`."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.layout = NodeLayout(config.run_dir)
+        self.sync = PluginSync(self.layout.socket_path, on_interest=self._on_interest,
+                               on_retained=self._on_retained, on_changed=self._changed,
+                               on_fatal=self._on_protocol_error)
+        self.broker: MosquittoProcess | None = None
+        self.routing: ClusterRouting | None = None
+        self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
+        self.peer_tls: PeerTls | None = None  # read at start (grpc.tls_*)
+        self.membership: EtcdMembership | None = None
+        self.routed = RoutedPeers()
+        self.ready = False
+        self.started_at = time.time()
+        self.interest_changes = 0
+        self.protocol_error: ProtocolError | None = None
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._state_dirty = True
+        self.admin = AdminService(self, VERSION, CRASHED_RETENTION)
+
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop has begun (`NodeView`)."""
+        return self._stop.is_set()
+
+    @property
+    def peers(self) -> dict[str, str]:
+        """The peers this node routes to, node id -> gRPC address (`NodeView`)."""
+        return dict(self.routed.routed)
+
+    @property
+    def stream(self) -> EventStream:
+        return self.sync.stream
+
+    @property
+    def table(self) -> SubscriptionTable:
+        return self.sync.table
+
+    @property
+    def link(self) -> LocalLink | None:
+        return self.sync.link
+
+    # ---- plugin sync → routing -----------------------------------------------------------
+    def _changed(self) -> None:
+        self._state_dirty = True
+
+    def _on_interest(self, changes: list[InterestChange]) -> None:
+        if self.routing is not None:
+            self.routing.on_interest_changes(changes)
+        self.interest_changes += len(changes)
+        self._state_dirty = True
+        log.debug("interest changed", extra={"changes": len(changes)})
+
+    def _on_retained(self, event: RetainedSeen) -> None:
+        if self.routing is not None:
+            self.routing.on_retained_seen(event)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_protocol_error(self, exc: ProtocolError) -> None:
+        log.error("plugin protocol error: %s", exc)
+        self.protocol_error = exc
+        self._stop.set()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "node": cfg.node_id,
+            "cluster": cfg.cluster,
+            "pid": os.getpid(),
+            "mosquitto_pid": self.broker.pid if self.broker else None,
+            "ready": self.ready,
+            "started_at": self.started_at,
+            "mqtt": cfg["mqtt"]["listen"],
+            "grpc": cfg["grpc"]["listen"],
+            "admin": cfg["admin"]["listen"],
+            "metrics": cfg["admin"]["metrics"],
+            "peers": self.routed.routed,
+            "socket": str(self.layout.socket_path),
+            "stream": self.stream.stats(),
+            "broker_restarts": self.broker.restarts if self.broker else 0,
+            "session_counts": self.table.sessions_status(),
+            "routing": self.routing.status() if self.routing else None,
+            **self._detail(),
+        }
+
+    def _detail(self, limit: int = STATUS_DETAIL_LIMIT) -> dict[str, Any]:
+        """Per-filter and per-session detail for small nodes (debugging and tests)."""
+        interest = self.table.interest()
+        sessions = self.table.sessions()
+        if len(interest) > limit or len(sessions) > limit:
+            return {"detail": f"omitted: more than {limit} filters or sessions"}
+        return {
+            "interest": sorted(([k.group, k.filter, n] for k, n in interest.items()),
+                               key=lambda row: (row[0] or "", row[1])),
+            "sessions": {client: {"online": info.online, "persistent": info.persistent,
+                                  "subscriptions": self.table.subscriptions(client)}
+                         for client, info in sessions.items()},
+        }
+
+    def _publish_status(self) -> None:
+        _write_json(self.layout.state_path, self.status())
+        self._state_dirty = False
+
+    async def _ticker(self) -> None:
+        last_write = 0.0
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            self.sync.tick(now)
+            if self.routed.retaining:
+                self._apply_peers(*self.routed.refresh(now))
+            if self.routing is not None and self.routing.fwd.wants_probe():
+                self.sync.probe_forwarding()
+            if self.routing is not None and self.link is not None and self.link.connected:
+                report = self.routing.pressure_report(now)
+                if report is not None:
+                    self._report_pressure(report)
+            if self.stream.in_sync and not self.ready:
+                self.ready = True
+                self._state_dirty = True
+                log.info("node ready", extra={"mqtt": self.config["mqtt"]["listen"]})
+            if (self._state_dirty and now - last_write > 0.2) or now - last_write > 0.5:
+                last_write = now
+                self._publish_status()
+
+    def _report_pressure(self, report: Report) -> None:
+        """Tell the plugin our backlog and whether to shed publishers (sidecar.local.pressure)."""
+        assert self.routing is not None
+        bp = self.routing.backpressure
+        if report.changed and report.shed_ms:
+            log.warning("overload: the forwarding backlog reached %d unacknowledged copies; "
+                        "publishers of QoS > 0 messages peers want are disconnected before "
+                        "their message is acknowledged until it is below %d", report.unacked,
+                        bp.resume_below, extra={"unacked": report.unacked})
+        elif report.changed:
+            log.warning("overload over: publishers are accepted again",
+                        extra={"unacked": report.unacked,
+                               "publishers_shed": bp.publishers_shed})
+        self.sync.report_pressure(report, lambda fields: bp.on_reply(
+            bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
+            int(fields.get("backlog", 0))))
+
+    async def _drain(self) -> None:
+        """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
+        when we stop Mosquitto too: a sidecar alone restarting keeps every client."""
+        if self.broker is None or self.link is None or not self.link.connected:
+            return
+        online = [c for c, info in self.table.sessions().items()
+                  if info.online and not c.startswith(DEFAULT_SIDECAR_ID)]
+        await drain(self.link, online, self.routing)
+
+    async def _on_broker_restart(self) -> None:
+        log.warning("mosquitto restarted; the link re-syncs from a new snapshot")
+        self._state_dirty = True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _on_peers(self, peers: dict[str, str]) -> None:
+        """The membership view changed (etcd watch): dial joiners, drop leavers."""
+        self._apply_peers(*self.routed.on_view(peers, time.monotonic()))
+
+    def _on_membership_events(self, changes) -> None:
+        """A crashed peer (key expired, no graceful leave) stays routed for a while."""
+        self.admin.on_membership(changes)
+        for peer in self.routed.on_events(changes, time.monotonic()):
+            log.warning("peer crashed; keeping its interest and queue",
+                        extra={"peer": peer, "retention_s": self.routed.retention})
+
+    def _apply_peers(self, changed: bool, dropped: list[str]) -> None:
+        for peer in dropped:
+            log.warning("crashed peer did not return; dropping it", extra={"peer": peer})
+        if changed:
+            if self.routing is not None:
+                self.routing.set_peers(self.routed.routed)
+            self._state_dirty = True
+
+    async def _join(self, incarnation: int, previous: int | None) -> None:
+        """Register in etcd (refused if another live node has our id) and watch the others."""
+        cfg = self.config
+        record = self.admin.record(incarnation)
+        self.membership = EtcdMembership(cfg["membership"]["etcd"], cfg.cluster, record,
+                                         cfg["membership"]["lease_ttl"],
+                                         on_change=self._on_peers,
+                                         on_events=self._on_membership_events,
+                                         supersedes=previous)
+        await self.membership.start()
+
+    def _peer_token(self) -> str:
+        """The shared peer token ("" for none: then, without mutual TLS either, say that anyone
+        reaching the port may join, unless it is loopback only)."""
+        grpc_cfg = self.config["grpc"]
+        token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
+                                      if grpc_cfg["token_file"] else "")
+        if not token and self.peer_tls is None and not is_loopback(grpc_cfg["listen"]):
+            log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "
+                        "or grpc.token_file (the same secret on every node), or grpc.tls_*",
+                        extra={"listen": grpc_cfg["listen"]})
+        return token
+
+    def _static_peers(self) -> dict[str, str]:
+        if self.config["membership"]["mode"] != "static":
+            return {}
+        return static_peers(self.config["membership"]["peers"])
+
+    def _build_routing(self, secret: str, incarnation: int) -> ClusterRouting:
+        cfg = self.config
+        hello = Hello(cfg.cluster, cfg.node_id, incarnation,
+                      grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
+                      admin_address=cfg.advertised("admin"))
+        socket_path = self.layout.socket_path
+        max_queued = max_queued_messages(cfg)
+        window = broker_conf.forward_receive_maximum(max_queued)
+
+        def forward_client(**callbacks) -> ForwardClient:
+            return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd",
+                                 receive_maximum=window, max_queued=max_queued, **callbacks)
+
+        return ClusterRouting(hello=hello, listen=cfg["grpc"]["listen"],
+                              run_dir=self.layout.run_dir, table=self.table,
+                              forward_client=forward_client, deliver=self.sync.deliver,
+                              read_retained=link_reader(self.link),
+                              tombstone_grace=cfg["retained"]["tombstone_grace"],
+                              peer_token=self.peer_token, peer_tls=self.peer_tls,
+                              shed_above=cfg["overload"]["shed_above"])
+
+    async def _connect(self, secret: str, incarnation: int) -> Snapshot:
+        """Link to the plugin, then start routing (after Mosquitto is up); returns the
+        plugin's first snapshot."""
+        snapshot = await self.sync.connect(secret, self.config["mqtt"]["link_timeout"])
+        self.routing = self._build_routing(secret, incarnation)
+        self.routing.on_peer_hello = self.admin.on_peer_hello
+        try:
+            await self.routing.start(lambda: self.routed.routed)  # the view as it is then
+        except PeerTransportError as exc:
+            raise NodeError(str(exc)) from None
+        return snapshot
+
+    async def _abandon_start(self) -> None:
+        """Start-up failed after Mosquitto was up: undo what started, and stop the Mosquitto
+        this process spawned (one it adopted keeps serving its clients until we return)."""
+        if self.routing is not None:
+            with contextlib.suppress(Exception):
+                await self.routing.stop()
+        self.sync.close()
+        with contextlib.suppress(Exception):
+            await self.admin.stop()
+        if self.broker is not None and not self.broker.adopted:
+            await self.broker.stop()
+            self.layout.remove_fallback_socket_dir()
+
+    async def run(self) -> int:
+        """Start everything, serve until `stop()`, then shut down. Returns an exit code."""
+        secret = self.layout.prepare()
+        cfg = self.config
+        incarnation, previous = self.layout.next_incarnation()
+        try:
+            self.admin.prepare(incarnation, self._static_peers())
+            self.peer_tls = load_peer_tls(cfg["grpc"])
+            self.peer_token = self._peer_token()
+        except (AuthError, TlsConfigError) as exc:
+            raise NodeError(str(exc)) from None
+        if cfg["membership"]["mode"] == "etcd":
+            # before Mosquitto: a duplicate id starts nothing
+            await self._join(incarnation, previous)
+        else:
+            self.routed.on_view(self._static_peers(), time.monotonic())
+        try:
+            return await self._serve(secret, incarnation)
+        finally:
+            if self.membership is not None:
+                await self.membership.stop()
+
+    async def _serve(self, secret: str, incarnation: int) -> int:
+        cfg = self.config
+        # before Mosquitto: a taken port starts nothing; probes answer "not ready" meanwhile
+        await self.admin.start()
+        if cfg["mqtt"]["manage"]:
+            self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
+            self.layout.conf_path.chmod(0o600)
+            self.layout.prepare_socket_dir()
+            self.broker = MosquittoProcess(cfg["mqtt"]["mosquitto"], self.layout.conf_path,
+                                           self.layout.socket_path, self.layout.run_dir)
+            await self.broker.start()
+        try:
+            snapshot = await self._connect(secret, incarnation)
+        except BaseException:
+            await self._abandon_start()
+            raise
+        self.sync.start(snapshot)
+        background = [asyncio.create_task(self._ticker())]
+        gc.freeze()  # what start-up built lives on: later full collections skip it
+        if self.broker is not None:
+            background.append(asyncio.create_task(
+                self.broker.supervise(self._on_broker_restart)))
+        try:
+            await self._stop.wait()
+            if self.protocol_error is None:
+                await self._drain()
+        finally:
+            if self.membership is not None:  # then leave: peers drop us at once
+                await self.membership.stop()
+                self.membership = None
+            for task in background + list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+            await self.sync.stop()
+            self.ready = False
+            await self.admin.stop()
+            if self.routing is not None:
+                await self.routing.stop()
+            self.sync.close()
+            if self.broker is not None:
+                await self.broker.stop()
+                self.layout.remove_fallback_socket_dir()
+            self._publish_status()
+        return 3 if self.protocol_error else 0
+
+
+async def run_node(config: NodeConfig) -> int:
+    """Run one node until SIGTERM/SIGINT."""
+    node = Node(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stop)
+    return await node.run()
