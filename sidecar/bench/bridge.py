@@ -11,8 +11,8 @@ import shutil
 import time
 from pathlib import Path
 
-from sidecar.cluster.net import port_open
-from sidecar.cluster.procs import ProcRef, spawn, stop, tail
+from sidecar.devcluster.net import port_open
+from sidecar.devcluster.procs import ProcRef, spawn, stop, tail
 
 COMMON = """\
 persistence false

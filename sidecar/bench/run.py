@@ -22,8 +22,8 @@ from sidecar.bench.load import ACK_TIMEOUT, LoadSpec, PublisherPool
 from sidecar.bench.measure import PROBE, Subscriber, summarize, wait_complete
 from sidecar.bench.observe import CpuMeter, LogWatch
 from sidecar.bench.traces import ReceivedTracer, TraceWriter, sub_line
-from sidecar.cluster.layout import PORT_SPAN
-from sidecar.cluster.net import port_problem
+from sidecar.devcluster.layout import PORT_SPAN
+from sidecar.devcluster.net import port_problem
 
 BRIDGE_OFFSET = PORT_SPAN  # bridge brokers A and B listen on P+402 and P+403
 TITLES = {"a": "mqfed, same node (n1 -> n1)", "b": "mqfed, cross node (n1 -> n2)",

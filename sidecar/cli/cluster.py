@@ -8,16 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sidecar.cluster import launcher
-from sidecar.cluster.layout import (
+from sidecar.config import NODE_ID_RE
+from sidecar.devcluster import launcher
+from sidecar.devcluster.layout import (
     DEFAULT_BASE_PORT,
     DEFAULT_CLUSTER,
     DEFAULT_RUN_DIR,
     MAX_NODES,
     addr,
 )
-from sidecar.cluster.state import ClusterError, ClusterState
-from sidecar.config import NODE_ID_RE
+from sidecar.devcluster.state import ClusterError, ClusterState
 
 LAYOUT_HELP = (
     "Ports for base port P: front (HAProxy) P; node i MQTT P+i, gRPC P+100+i, admin P+200+i, "

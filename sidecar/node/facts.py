@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sidecar.broker.process import MosquittoProcess
-    from sidecar.cluster_routing import ClusterRouting
     from sidecar.config import NodeConfig
     from sidecar.local.events import ProtocolError
     from sidecar.local.link import LocalLink
     from sidecar.local.stream import EventStream
     from sidecar.membership.etcd import EtcdMembership
     from sidecar.peering.tls import PeerTls
+    from sidecar.routing.service import RoutingService
     from sidecar.routing.table import SubscriptionTable
 
 
@@ -36,7 +36,7 @@ class NodeView(Protocol):
     @property
     def link(self) -> LocalLink | None: ...
     @property
-    def routing(self) -> ClusterRouting | None: ...
+    def routing(self) -> RoutingService | None: ...
     @property
     def peer_tls(self) -> PeerTls | None: ...
     @property

@@ -23,7 +23,6 @@ from typing import Any
 from sidecar.admin.service import AdminService
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
-from sidecar.cluster_routing import ClusterRouting
 from sidecar.config import NodeConfig, is_loopback
 from sidecar.drain import drain
 from sidecar.local.events import ProtocolError, RetainedSeen, Snapshot
@@ -40,6 +39,7 @@ from sidecar.peering.handshake import Hello
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
 from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
+from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.tokens import AuthError, read_token
 
@@ -70,7 +70,7 @@ class Node:
                                on_retained=self._on_retained, on_changed=self._changed,
                                on_fatal=self._on_protocol_error)
         self.broker: MosquittoProcess | None = None
-        self.routing: ClusterRouting | None = None
+        self.routing: RoutingService | None = None
         self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
         self.peer_tls: PeerTls | None = None  # read at start (grpc.tls_*)
         self.membership: EtcdMembership | None = None
@@ -274,7 +274,7 @@ class Node:
             return {}
         return static_peers(self.config["membership"]["peers"])
 
-    def _build_routing(self, secret: str, incarnation: int) -> ClusterRouting:
+    def _build_routing(self, secret: str, incarnation: int) -> RoutingService:
         cfg = self.config
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
                       grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
@@ -287,7 +287,7 @@ class Node:
             return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd",
                                  receive_maximum=window, max_queued=max_queued, **callbacks)
 
-        return ClusterRouting(hello=hello, listen=cfg["grpc"]["listen"],
+        return RoutingService(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,
                               forward_client=forward_client, deliver=self.sync.deliver,
                               read_retained=link_reader(self.link),

@@ -69,7 +69,7 @@ def _wall_ms() -> int:
 
 
 class RetainedService:
-    """Retained replication of one node; `ClusterRouting` forwards it frames and events."""
+    """Retained replication of one node; `RoutingService` forwards it frames and events."""
 
     def __init__(self, node_id: str, clock: HybridClock, run_dir: Path, transport: Any,
                  fwd: Any, peers: Callable[[], Iterable[str]],

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cluster.net import port_free
-from sidecar.cluster.procs import find
+from sidecar.devcluster.net import port_free
+from sidecar.devcluster.procs import find
 from sidecar.procinfo import pid_alive
 from tests.cluster.conftest import PLUGIN, cleanup, logs_of, mqfed
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from sidecar.cluster.net import port_free
-from sidecar.cluster.procs import ProcRef, find, identify
+from sidecar.devcluster.net import port_free
+from sidecar.devcluster.procs import ProcRef, find, identify
 
 MQFED = [sys.executable, "-m", "sidecar.cli"]
 REPO = Path(__file__).resolve().parents[2]

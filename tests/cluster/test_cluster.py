@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cluster import launcher
-from sidecar.cluster.net import port_open
-from sidecar.cluster.procs import ProcRef
+from sidecar.devcluster import launcher
+from sidecar.devcluster.net import port_open
+from sidecar.devcluster.procs import ProcRef
 from sidecar.procinfo import cmdline, pid_alive
 from tests.cluster.conftest import (
     MQFED,

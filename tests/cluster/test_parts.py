@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cluster import haproxy, nodes
-from sidecar.cluster.layout import Layout, node_index
-from sidecar.cluster.net import port_free, taken
-from sidecar.cluster.procs import ProcRef, identify, spawn
-from sidecar.cluster.state import ClusterError, ClusterState, NodeRecord, load, save
 from sidecar.config import build_config
+from sidecar.devcluster import haproxy, nodes
+from sidecar.devcluster.layout import Layout, node_index
+from sidecar.devcluster.net import port_free, taken
+from sidecar.devcluster.procs import ProcRef, identify, spawn
+from sidecar.devcluster.state import ClusterError, ClusterState, NodeRecord, load, save
 from sidecar.procinfo import pid_alive
 
 

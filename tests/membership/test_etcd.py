@@ -14,7 +14,7 @@ from pathlib import Path
 import aetcd
 import pytest
 
-from sidecar.cluster.etcd import find_etcd
+from sidecar.devcluster.etcd import find_etcd
 from sidecar.membership.etcd import DuplicateNodeId, EtcdMembership, grpc_target
 from sidecar.membership.view import NodeRecord
 from tests.harness.procs import ManagedProcess, ProcessGroup, free_port

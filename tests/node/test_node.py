@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from sidecar.cluster.procs import find
+from sidecar.devcluster.procs import find
 from sidecar.node.layout import NodeLayout
 from sidecar.procinfo import pid_alive
 from tests.harness.procs import free_port, wait_for

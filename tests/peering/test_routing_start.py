@@ -1,4 +1,4 @@
-"""`ClusterRouting.start` dials the membership view as it is once the listener is up.
+"""`RoutingService.start` dials the membership view as it is once the listener is up.
 
 Regression: a node joins etcd before its routing exists, and the view can change while the
 gRPC listener starts. Routing used to apply the view captured before that await, dropping a
@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sidecar.cluster_routing import ClusterRouting
 from sidecar.peering.handshake import Hello
+from sidecar.routing.service import RoutingService
 from sidecar.routing.table import SubscriptionTable
 
 
@@ -35,7 +35,7 @@ class _NoBroker:
 
 def test_a_peer_joining_while_the_listener_starts_is_dialled(tmp_path: Path) -> None:
     async def scenario() -> set[str]:
-        routing = ClusterRouting(
+        routing = RoutingService(
             hello=Hello("c", "n1", 1), listen="127.0.0.1:0", run_dir=tmp_path,
             table=SubscriptionTable(), forward_client=_NoBroker,
             deliver=lambda client, env: None)

@@ -1,9 +1,10 @@
 """Cross-node routing of one node (wiring of the hot path, architecture §3).
 
-Connects the routing cores (`LocalInterest`, `RemoteInterest`, `Forwarder`, `Deduplicator`,
-one `OutboundQueue` per peer) to the adapters (`PeerTransport` for gRPC, `ForwardClient` for
-the local Mosquitto, the control link for shared-subscription deliveries). It only moves
-values between them; every decision is made in a core.
+Connects the routing cores (`LocalInterest`, `RemoteInterest`, `Forwarder`, `Receiver`,
+`Pacing`, one `OutboundQueue` per peer) to the adapters (`PeerTransport` for gRPC,
+`ForwardClient` for the local Mosquitto, the plugin's deliver command for shared-subscription
+deliveries). It moves values between them; the decisions are the cores'. What is left here is
+timing: when a flush runs, the spill of messages a peer has not acked after PERSIST_AFTER.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack befo
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
 
 
-class ClusterRouting:
+class RoutingService:
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,

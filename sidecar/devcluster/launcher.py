@@ -15,11 +15,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.cluster import etcd, haproxy, nodes
-from sidecar.cluster.layout import MAX_NODES, PORT_SPAN, Layout, node_id, node_index
-from sidecar.cluster.net import port_open, taken
-from sidecar.cluster.procs import ProcRef, identify, reap, stop, tail, wait_gone
-from sidecar.cluster.state import ClusterError, ClusterState, NodeRecord, load, locked, remove, save
+from sidecar.devcluster import etcd, haproxy, nodes
+from sidecar.devcluster.layout import MAX_NODES, PORT_SPAN, Layout, node_id, node_index
+from sidecar.devcluster.net import port_open, taken
+from sidecar.devcluster.procs import ProcRef, identify, reap, stop, tail, wait_gone
+from sidecar.devcluster.state import (
+    ClusterError,
+    ClusterState,
+    NodeRecord,
+    load,
+    locked,
+    remove,
+    save,
+)
 
 
 @dataclass(frozen=True)

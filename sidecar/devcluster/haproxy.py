@@ -7,8 +7,8 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar.cluster.layout import HOST, Layout
-from sidecar.cluster.procs import ProcRef, spawn
+from sidecar.devcluster.layout import HOST, Layout
+from sidecar.devcluster.procs import ProcRef, spawn
 
 BACKEND = "nodes"
 CHECK = "check inter 1s fall 2 rise 1"  # on each server: dynamic servers ignore default-server

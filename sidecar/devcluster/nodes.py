@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sidecar.cluster.layout import HOST, Layout
-from sidecar.cluster.procs import ProcRef, find, identify, kill, spawn, stop
-from sidecar.cluster.state import ClusterState, NodeRecord
 from sidecar.config import render_toml
+from sidecar.devcluster.layout import HOST, Layout
+from sidecar.devcluster.procs import ProcRef, find, identify, kill, spawn, stop
+from sidecar.devcluster.state import ClusterState, NodeRecord
 from sidecar.procinfo import cmdline
 
 

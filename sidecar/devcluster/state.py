@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.cluster.errors import ClusterError
-from sidecar.cluster.layout import Layout, NodePorts, addr
-from sidecar.cluster.procs import ProcRef
+from sidecar.devcluster.errors import ClusterError
+from sidecar.devcluster.layout import Layout, NodePorts, addr
+from sidecar.devcluster.procs import ProcRef
 
 __all__ = ["ClusterError", "ClusterState", "NodeRecord", "load", "locked", "remove", "save"]
 VERSION = 1

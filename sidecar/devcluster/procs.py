@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.cluster.errors import ClusterError
+from sidecar.devcluster.errors import ClusterError
 from sidecar.procinfo import cmdline, pid_alive
 
 

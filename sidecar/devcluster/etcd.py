@@ -8,8 +8,8 @@ import shutil
 import urllib.request
 from pathlib import Path
 
-from sidecar.cluster.layout import HOST, Layout
-from sidecar.cluster.procs import ProcRef, spawn
+from sidecar.devcluster.layout import HOST, Layout
+from sidecar.devcluster.procs import ProcRef, spawn
 
 ETCD_CANDIDATES = ("etcd", "/usr/bin/etcd", "/usr/local/bin/etcd")
 

@@ -6,7 +6,7 @@ import errno
 import socket
 from collections.abc import Iterable
 
-from sidecar.cluster.layout import HOST
+from sidecar.devcluster.layout import HOST
 
 
 def port_problem(port: int) -> str | None:
