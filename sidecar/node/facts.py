@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from sidecar.broker.process import MosquittoProcess
     from sidecar.config import NodeConfig
+    from sidecar.local.event_stream import EventStream
     from sidecar.local.events import ProtocolError
     from sidecar.local.link import LocalLink
-    from sidecar.local.stream import EventStream
     from sidecar.membership.etcd import EtcdMembership
     from sidecar.peering.tls import PeerTls
     from sidecar.routing.service import RoutingService

@@ -25,12 +25,12 @@ from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.config import NodeConfig, is_loopback
 from sidecar.drain import drain
+from sidecar.local.event_stream import EventStream
 from sidecar.local.events import ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LocalLink
 from sidecar.local.pressure import Report
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
-from sidecar.local.stream import EventStream
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
@@ -180,7 +180,7 @@ class Node:
             self.sync.tick(now)
             if self.routed.retaining:
                 self._apply_peers(*self.routed.refresh(now))
-            if self.routing is not None and self.routing.fwd.wants_probe():
+            if self.routing is not None and self.routing.forward_client.wants_probe():
                 self.sync.probe_forwarding()
             if self.routing is not None and self.link is not None and self.link.connected:
                 report = self.routing.pressure_report(now)
@@ -289,7 +289,7 @@ class Node:
 
         return RoutingService(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,
-                              forward_client=forward_client, deliver=self.sync.deliver,
+                              make_forward_client=forward_client, deliver=self.sync.deliver,
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
                               peer_token=self.peer_token, peer_tls=self.peer_tls,

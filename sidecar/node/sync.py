@@ -16,6 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sidecar.local.event_stream import (
+    Apply,
+    EventStream,
+    LoadSnapshot,
+    RequestResume,
+    RequestSnapshot,
+    SendAck,
+)
 from sidecar.local.events import (
     CommandFailed,
     Event,
@@ -28,14 +36,6 @@ from sidecar.local.forward_client import PROBE_TOPIC
 from sidecar.local.link import LinkError, LocalLink
 from sidecar.local.pressure import Report
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
-from sidecar.local.stream import (
-    Apply,
-    EventStream,
-    LoadSnapshot,
-    RequestResume,
-    RequestSnapshot,
-    SendAck,
-)
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
 

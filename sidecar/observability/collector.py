@@ -132,7 +132,7 @@ class NodeCollector(Collector):
             for reason, n in q.dropped.items():
                 queue_drops[reason] = queue_drops.get(reason, 0) + n
         c = r.counters
-        fwd = r.fwd.stats()
+        fwd = r.forward_client.stats()
         for reason, n in (("qos0_stream_down", c["qos0_dropped"]),
                           ("unroutable", c["unroutable"]),
                           ("shared_no_member", c["shared_rejected"]),
@@ -170,7 +170,7 @@ class NodeCollector(Collector):
         refused = _counter("reinject_refused", "Publishes Mosquitto refused from the forwarding "
                            "client (each attempt; they are retried, never confirmed).",
                            ["reason"])
-        for reason, n in sorted(r.fwd.refused_by_reason().items()):
+        for reason, n in sorted(r.forward_client.refused_by_reason().items()):
             refused.add_metric([reason], n)
         yield refused
         window = fwd["reinject"]

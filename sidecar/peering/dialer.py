@@ -17,8 +17,8 @@ from tenacity import RetryCallState, wait_exponential_jitter
 
 from sidecar._proto import peer_pb2
 from sidecar.peering import wire
+from sidecar.peering.frame_stream import describe
 from sidecar.peering.handshake import Accept, Handshake, Refuse
-from sidecar.peering.stream import describe
 from sidecar.tokens import bearer_metadata
 
 

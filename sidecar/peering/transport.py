@@ -32,8 +32,8 @@ import grpc.aio
 from sidecar._proto import peer_pb2
 from sidecar.peering import wire
 from sidecar.peering.dialer import Backoff, DialError, Dialled, PeerRefused, dial
+from sidecar.peering.frame_stream import Counters, FrameStream
 from sidecar.peering.handshake import Accept, Handshake, Refuse
-from sidecar.peering.stream import Counters, FrameStream
 from sidecar.peering.tls import PeerTls
 from sidecar.tokens import presented_token, same_token
 

@@ -72,10 +72,10 @@ class RetainedService:
     """Retained replication of one node; `RoutingService` forwards it frames and events."""
 
     def __init__(self, node_id: str, clock: HybridClock, run_dir: Path, transport: Any,
-                 fwd: Any, peers: Callable[[], Iterable[str]],
+                 forward_client: Any, peers: Callable[[], Iterable[str]],
                  read_retained: ReadRetained | None, grace: float = TOMBSTONE_GRACE) -> None:
         self.transport = transport
-        self.fwd = fwd
+        self.forward_client = forward_client
         self.peers = peers
         self.read_retained = read_retained
         self.store = SqliteRetainedStore(run_dir / "retained.sqlite")
@@ -235,7 +235,7 @@ class RetainedService:
             else:  # pragma: no cover - a new action type must be wired here
                 raise TypeError(f"unhandled action {action!r}")
         if self._qos0:
-            self._barriers[self.fwd.barrier()] = self._qos0
+            self._barriers[self.forward_client.barrier()] = self._qos0
             self._qos0 = []
 
     def _send(self, peer: str, data: bytes, reply: bool = False) -> None:
@@ -248,7 +248,7 @@ class RetainedService:
         live = entry.live(now_ms)
         props = replace(entry.properties, message_expiry=entry.remaining_expiry(now_ms)) \
             if live else entry.properties
-        mid = self.fwd.publish(entry.topic, entry.payload if live else b"", entry.qos,
+        mid = self.forward_client.publish(entry.topic, entry.payload if live else b"", entry.qos,
                                props, retain=True)
         self._sent_at[action.token] = time.monotonic()
         if entry.qos:

@@ -25,7 +25,7 @@ from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
-from sidecar.peering import envelopes as wire
+from sidecar.peering import envelopes as peer_frames
 from sidecar.peering.handshake import Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
@@ -72,7 +72,7 @@ class RoutingService:
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
-                 forward_client: Callable[..., ForwardClient],
+                 make_forward_client: Callable[..., ForwardClient],
                  deliver: Callable[[str, Envelope], Any],
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
@@ -105,12 +105,14 @@ class RoutingService:
         self._restore()
         self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token,
                                        tls=peer_tls)
-        self.fwd = forward_client(on_copies=self._on_copies, on_published=self._on_published,
-                                  on_connected=self._on_fwd_connected)
-        self.backpressure = Backpressure(shed_threshold(self.fwd.receive_maximum, shed_above))
-        self.pacing = Pacing(self.fwd.max_queued)
-        self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport,
-                                        self.fwd, lambda: list(self.queues), read_retained,
+        self.forward_client = make_forward_client(on_copies=self._on_copies,
+                                                  on_published=self._on_published,
+                                                  on_connected=self._on_fwd_connected)
+        fwd = self.forward_client
+        self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
+        self.pacing = Pacing(fwd.max_queued)
+        self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
+                                        lambda: list(self.queues), read_retained,
                                         tombstone_grace)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -137,7 +139,7 @@ class RoutingService:
         self._apply_blocked()
         self.set_peers(peers())  # queues exist before redelivered copies arrive
         self.retained.start()
-        await self.fwd.connect()
+        await self.forward_client.connect()
         self._tasks.append(asyncio.create_task(self._persist_loop()))
         self._tasks.append(asyncio.create_task(self._faults_loop()))
 
@@ -148,7 +150,7 @@ class RoutingService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.retained.stop()
-        self.fwd.close()
+        self.forward_client.close()
         await self.transport.stop()
         for queue in self.queues.values():
             queue.on_disconnected()
@@ -197,7 +199,7 @@ class RoutingService:
         delta = self.local_interest.apply(changes)
         if delta is None:
             return
-        frame = wire.interest_delta_frame(delta)
+        frame = peer_frames.interest_delta_frame(delta)
         for peer in self.queues:
             self.transport.send(peer, frame)
 
@@ -205,7 +207,8 @@ class RoutingService:
     def on_outbound_up(self, peer: str, accept: Accept) -> None:
         log.info("peer stream up", extra={"peer": peer})
         self.on_peer_hello(accept.peer)
-        self.transport.send(peer, wire.interest_snapshot_frame(self.local_interest.snapshot()))
+        self.transport.send(peer, peer_frames.interest_snapshot_frame(
+            self.local_interest.snapshot()))
         self.retained.on_peer_up(peer)
         queue = self.queues.get(peer)
         if queue is not None:
@@ -241,12 +244,12 @@ class RoutingService:
             self._on_acks(peer, frame.ack_batch.acks)
         elif kind == "interest_snapshot":
             self._run_interest(self.remote.apply_snapshot(
-                peer, wire.snapshot_from(frame.interest_snapshot)))
+                peer, peer_frames.snapshot_from(frame.interest_snapshot)))
         elif kind == "interest_delta":
-            self._run_interest(self.remote.apply_delta(peer, wire.delta_from(
+            self._run_interest(self.remote.apply_delta(peer, peer_frames.delta_from(
                 frame.interest_delta)))
         elif kind == "interest_request":
-            self.transport.send(peer, wire.interest_snapshot_frame(
+            self.transport.send(peer, peer_frames.interest_snapshot_frame(
                 self.local_interest.snapshot()))
         elif kind is not None and kind.startswith("retained_"):
             self.retained.on_frame(peer, frame, inbound)
@@ -260,11 +263,12 @@ class RoutingService:
             self._save()  # before Mosquitto hears of it: a crash never leaves unknown ids
         for action in actions:
             if isinstance(action, LocalSubscribe):
-                self.fwd.subscribe(action.filter, action.subscription_id, action.no_local)
+                self.forward_client.subscribe(action.filter, action.subscription_id,
+                                              action.no_local)
             elif isinstance(action, LocalUnsubscribe):
-                self.fwd.unsubscribe(action.filter)
+                self.forward_client.unsubscribe(action.filter)
             elif isinstance(action, RequestSnapshot):
-                self.transport.reply(action.peer, wire.interest_request_frame(
+                self.transport.reply(action.peer, peer_frames.interest_request_frame(
                     action.have_version or 0, action.reason))
 
     # ---- origin side -----------------------------------------------------------------------
@@ -275,7 +279,7 @@ class RoutingService:
                 log.warning("local session lost; pending local acks dropped",
                             extra={"count": dropped})
             for sub in self.remote.subscriptions():
-                self.fwd.subscribe(sub.filter, sub.subscription_id, sub.no_local)
+                self.forward_client.subscribe(sub.filter, sub.subscription_id, sub.no_local)
             self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
 
     @property
@@ -315,9 +319,9 @@ class RoutingService:
                 self._queue(action.peer, action.envelope, now)
             elif isinstance(action, SendEnvelope):
                 self._qos0.setdefault(action.peer, []).append(
-                    wire.encode_envelope(action.envelope))
+                    peer_frames.encode_envelope(action.envelope))
             elif isinstance(action, AckLocal):
-                self.fwd.ack(action.mid, action.qos)
+                self.forward_client.ack(action.mid, action.qos)
             elif isinstance(action, DeliverLocalShared):
                 asyncio.get_running_loop().create_task(self._deliver_local(action.envelope))
             elif isinstance(action, Unroutable):
@@ -332,7 +336,7 @@ class RoutingService:
 
     def _queue(self, peer: str, env: Envelope, now: float) -> None:
         queue = self.queues[peer]
-        reason = queue.offer(env.origin_seq, wire.encode_envelope(env))
+        reason = queue.offer(env.origin_seq, peer_frames.encode_envelope(env))
         if reason is not None:
             self._counters["queue_refused"] += 1
             log.warning("outbound queue refused a message", extra={"peer": peer,
@@ -368,7 +372,7 @@ class RoutingService:
 
     def _ack_local(self, acks: list[AckLocal]) -> None:
         for ack in acks:
-            self.fwd.ack(ack.mid, ack.qos)
+            self.forward_client.ack(ack.mid, ack.qos)
 
     def _settle_durable(self, peer: str) -> None:
         queue = self.queues[peer]
@@ -399,7 +403,7 @@ class RoutingService:
         """Send what is due: QoS 0 batches, queued batches, acks."""
         self._flush_scheduled = False
         for peer, envs in self._qos0.items():
-            if envs and not self.transport.send(peer, wire.batch_frame(envs)):
+            if envs and not self.transport.send(peer, peer_frames.batch_frame(envs)):
                 self._counters["qos0_dropped"] += len(envs)
             elif envs:
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(envs)
@@ -418,7 +422,7 @@ class RoutingService:
                 if not batch:
                     break
                 budget -= len(batch)
-                self.transport.send(peer, wire.batch_frame(m.data for m in batch))
+                self.transport.send(peer, peer_frames.batch_frame(m.data for m in batch))
                 self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
             self.pacing.spent(peer, budget, now)
 
@@ -457,14 +461,14 @@ class RoutingService:
                 continue
             self.hop_latency.observe(now_ms - (msg.hlc >> 16))
             trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
-            env = wire.decode_envelope(msg)
+            env = peer_frames.decode_envelope(msg)
             members = (self.shared_members(env.shared_group, env.shared_filter)
                        if env.shared_group is not None else [])
             action = receiver.route(peer, env, members)
             if isinstance(action, DeliverShared):
                 self._run_receive([action])
                 continue
-            ticket = self.fwd.publish(env.topic, env.payload, env.qos, env.properties)
+            ticket = self.forward_client.publish(env.topic, env.payload, env.qos, env.properties)
             receiver.on_reinjecting(ticket, peer, env)
             if trace is not None:
                 self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
@@ -488,7 +492,7 @@ class RoutingService:
         for action in actions:
             if isinstance(action, SendAcks):
                 for peer, acks in action.acks.items():
-                    self.transport.reply(peer, wire.ack_frame(acks))
+                    self.transport.reply(peer, peer_frames.ack_frame(acks))
             elif isinstance(action, DeliverShared):
                 asyncio.get_running_loop().create_task(self._deliver_shared(action))
             elif isinstance(action, Reinject):  # pragma: no cover - routed in _on_envelopes
@@ -530,7 +534,7 @@ class RoutingService:
 
     def pressure_report(self, now: float) -> Report | None:
         """The overload report the plugin should get now (sidecar.local.pressure), if any."""
-        unacked, taken = self.fwd.backlog()
+        unacked, taken = self.forward_client.backlog()
         return self.backpressure.on_tick(unacked, taken, now)
 
     def status(self) -> dict[str, Any]:
@@ -543,7 +547,7 @@ class RoutingService:
             "skipped": self.forwarder.skipped,
             "pending_local_acks": self.forwarder.pending,
             "forwarding_subscriptions": len(self.remote.local_subscriptions()),
-            "fwd": self.fwd.stats(),
+            "fwd": self.forward_client.stats(),
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),

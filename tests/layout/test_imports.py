@@ -97,7 +97,7 @@ CORES = {
     "sidecar.routing.table", "sidecar.routing.interest", "sidecar.routing.forwarder",
     "sidecar.retained.entry", "sidecar.retained.index", "sidecar.retained.replicator",
     "sidecar.retained.antientropy", "sidecar.local.reinjection", "sidecar.local.midgaps",
-    "sidecar.local.pressure", "sidecar.local.mqtt_codec", "sidecar.local.stream",
+    "sidecar.local.pressure", "sidecar.local.mqtt_codec", "sidecar.local.event_stream",
     "sidecar.peering.dedup", "sidecar.peering.outbound", "sidecar.peering.handshake",
     "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
     "sidecar.membership.routed",

@@ -1,0 +1,94 @@
+"""One real 3-node cluster (`mqfed up --detach`) shared by the admin tests of a module, and
+helpers to run `mqfed ctl` against it and scrape its metrics. Always brought down by PID."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.harness.metrics import parse_metrics
+from tests.system.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+
+
+@dataclass
+class Ctl:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+
+class AdminCluster:
+    def __init__(self, run_dir: Path, info: dict) -> None:
+        self.run_dir = run_dir
+        self.info = info
+        self.token_file = info["admin_token_file"]
+        self.nodes = {n["id"]: n for n in info["nodes"]}
+
+    def port(self, node: str, what: str = "mqtt") -> int:
+        return int(self.nodes[node][what].rpartition(":")[2])
+
+    def admin(self, node: str) -> str:
+        return self.nodes[node]["admin"]
+
+    def ctl(self, *args: str, node: str = "n1", token: bool | str = True) -> Ctl:
+        """`mqfed ctl --node <node's admin>`, with the cluster's token file (True), no token
+        (False) or `--token <token>`."""
+        auth: tuple[str, ...] = ()
+        if token is True:
+            auth = ("--token-file", self.token_file)
+        elif token:
+            auth = ("--token", token)
+        r = mqfed("ctl", "--node", self.admin(node), *auth, *args, timeout=60,
+                  env={"MQFED_ADMIN_TOKEN": "", "MQFED_ADMIN_TOKEN_FILE": ""})
+        return Ctl(r.returncode, r.stdout, r.stderr)
+
+    def http(self, node: str, path: str) -> tuple[int, str]:
+        url = f"http://{self.nodes[node]['metrics']}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def metrics(self, node: str) -> dict[tuple[str, tuple], float]:
+        """Every sample of the node's /metrics: (name, sorted labels) -> value."""
+        status, text = self.http(node, "/metrics")
+        assert status == 200, text
+        return parse_metrics(text)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[AdminCluster]:
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    path = Path(tempfile.mkdtemp(prefix="mqfed-admin-", dir="/tmp"))
+    path.chmod(0o755)
+    ok = False
+    try:
+        result = mqfed("up", "--nodes", "3", "--detach", "--json", "--base-port",
+                       str(base_port(3)), "--run-dir", str(path), timeout=120)
+        assert result.returncode == 0, result.stderr + logs_of(path)
+        yield AdminCluster(path, json.loads(result.stdout))
+        ok = True
+    finally:
+        if not ok:
+            print(logs_of(path))
+        left = cleanup(path)
+        if ok and not left:
+            shutil.rmtree(path, ignore_errors=True)
+        assert not left, f"processes of {path} still running: {left}"
+
+
+# `nodes`: real single `mqfed node` processes (tests/node), stopped by PID after each test
+from tests.system.node.conftest import nodes  # noqa: E402, F401

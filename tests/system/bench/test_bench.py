@@ -1,0 +1,76 @@
+"""Smoke test of `mqfed bench`: a tiny run prints all three cases and leaves nothing behind.
+
+It checks the figures are sane (every message once, in order, latency > 0), never how fast
+anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sidecar.devcluster.net import port_free
+from sidecar.devcluster.procs import find
+from sidecar.procinfo import pid_alive
+from tests.system.cluster.conftest import PLUGIN, cleanup, logs_of, mqfed
+
+
+def _base_port() -> int:
+    """A base port whose cluster (2 nodes) and bridge ports are all free."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - 404)
+        ports = [base, base + 400, base + 401, base + 402, base + 403]
+        ports += [base + off + i for off in (0, 100, 200, 300) for i in (1, 2)]
+        if all(port_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+@pytest.fixture
+def bench_dir():
+    path = Path(tempfile.mkdtemp(prefix="mqfed-bench-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    left = cleanup(path / "cluster") if (path / "cluster").exists() else []
+    for ref in find(str(path)):
+        ref.signal(signal.SIGKILL)
+        left.append(ref.pid)
+    if not left:
+        shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"processes of {path} still running after the test: {left}"
+
+
+def test_bench_runs_three_cases_and_stops_everything(bench_dir: Path) -> None:
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    try:
+        result = mqfed("bench", "--messages", "2000", "--rate", "1000", "--json",
+                       "--run-dir", str(bench_dir), "--base-port", str(_base_port()),
+                       timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("mqfed bench did not finish within 240 s\n" + logs_of(bench_dir))
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [c["case"] for c in report["cases"]] == ["a", "b", "c"]
+    for case in report["cases"]:
+        name = case["case"]
+        assert case["sent"] == 2000, (name, case)
+        assert case["unique"] == 2000 and case["lost"] == 0, (name, case)  # QoS 1
+        assert case["duplicates"] == 0 and case["out_of_order"] == 0, (name, case)
+        assert 0 < case["p50_ms"] <= case["p99_ms"] <= case["max_ms"], (name, case)
+        assert case["throughput"] > 0 and not case["publisher_errors"], (name, case)
+    assert report["ratio_b_a"] > 0
+    assert report["cases"][1]["routing"]["n2"]["reinjected"] >= 2000
+    cpu_b = report["cases"][1]["cpu_percent"]
+    assert cpu_b["n1 sidecar"] > 0 and cpu_b["n2 sidecar"] > 0 and "others" in cpu_b, cpu_b
+    started = [*report["processes"].values(),
+               *(pid for c in report["cases"] for pid in c["publisher_pids"])]
+    assert not [pid for pid in started if pid_alive(pid)], "bench left processes running"
+    assert not find(str(bench_dir)), "bench left processes of its run dir running"

@@ -1,0 +1,126 @@
+"""`docker-compose up` of compose/docker-compose.yml, as a user runs it (on free loopback
+ports), then MQTT through its front across the three nodes; `down -v` after, also on failure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.system.containers.dockercluster import COMPOSE_PROJECTS, ROOT, SESSION, TAG
+from tests.system.node.mqtt import Client
+
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _front_status(port: int) -> dict[str, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats;csv", timeout=5) as reply:
+        rows = csv.DictReader(io.StringIO(reply.read().decode().lstrip("# ")))
+        return {r["svname"]: r["status"] for r in rows if r["pxname"] == "nodes"}
+
+
+@pytest.fixture
+def compose_project(engine, images):
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is not installed (`make install` installs Debian's)"
+    ports = _free_ports(8)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MQFED_IMAGE_TAG": TAG,
+           "MQFED_FRONT_PORT": str(ports[0]), "MQFED_FRONT_STATS_PORT": str(ports[1])}
+    for i in (1, 2, 3):
+        env[f"MQFED_N{i}_ADMIN_PORT"] = str(ports[2 * i])
+        env[f"MQFED_N{i}_METRICS_PORT"] = str(ports[2 * i + 1])
+    for key in ("DOCKER_HOST", "HOME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    project = f"mqfed-t{SESSION}-{uuid.uuid4().hex[:4]}"
+    base = [binary, "-f", str(COMPOSE), "-p", project]
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([*base, *args], env=env, capture_output=True, text=True,
+                                timeout=180)
+        if check:
+            assert result.returncode == 0, f"docker-compose {args}:\n{result.stderr}"
+        return result
+
+    try:
+        COMPOSE_PROJECTS.append(project)
+        run("up", "-d")
+        yield {"front": ports[0], "stats": ports[1],
+               "metrics": [ports[3], ports[5], ports[7]], "run": run}
+    except BaseException:
+        print(run("logs", "--no-color", "--tail", "60", check=False).stdout)
+        raise
+    finally:
+        down = run("down", "-v", "--remove-orphans", "-t", "10", check=False)
+        if down.returncode:
+            print(f"docker-compose down failed:\n{down.stderr}")
+
+
+def test_compose_up_serves_mqtt_through_the_front(compose_project):
+    ports = compose_project
+    deadline = time.monotonic() + 90
+    status: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        try:
+            ready = all(urllib.request.urlopen(f"http://127.0.0.1:{p}/readyz", timeout=2)
+                        .status == 200 for p in ports["metrics"])
+            status = _front_status(ports["stats"])
+        except OSError:
+            ready = False
+        if ready and all(status.get(n) == "UP" for n in ("n1", "n2", "n3")):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"compose cluster not up in 90s; front sees {status}")
+
+    topic = f"compose/{uuid.uuid4().hex[:6]}"
+    subs = [Client(ports["front"], f"csub{i}-{uuid.uuid4().hex[:4]}") for i in range(3)]
+    pub = Client(ports["front"], f"cpub-{uuid.uuid4().hex[:4]}")
+    try:
+        for c in [*subs, pub]:
+            assert c.wait_connected(10)
+        for s in subs:
+            s.subscribe(topic, 1)
+        # round robin put the three subscribers on three nodes: every message crosses nodes
+        deadline = time.monotonic() + 45
+        n = 0
+        while time.monotonic() < deadline:
+            pub.publish(topic, f"probe-{n}".encode(), qos=1)
+            n += 1
+            time.sleep(0.2)
+            if all(s.messages for s in subs):
+                break
+        assert all(s.messages for s in subs), "a subscriber behind the front got nothing"
+        for i in range(50):
+            pub.publish(topic, f"m{i}".encode(), qos=1, wait=False)
+        want = {f"m{i}".encode() for i in range(50)}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+                want <= {m.payload for m in s.messages} for s in subs):
+            time.sleep(0.05)
+        for s in subs:
+            assert want <= {m.payload for m in s.messages}
+    finally:
+        for c in [*subs, pub]:
+            c.close()

@@ -1,0 +1,181 @@
+"""The plugin under valgrind: a scenario touching every event and command, then SIGTERM."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.system.plugin.helpers import (
+    SECRET,
+    SIDECAR_ID,
+    SIDECAR_USER,
+    Client,
+    ConnectFailed,
+    FakeSidecar,
+    RawClient,
+)
+
+SUPP = Path(__file__).with_name("mosquitto.supp")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind is not installed")
+    vglog = tmp_path / "valgrind.log"
+    b = make_broker(
+        name="mosquitto-valgrind",
+        opts={"heartbeat_ms": 200, "buffer_max_events": 150, "event_window": 50},
+        wrapper=["valgrind", "--error-exitcode=99", "--errors-for-leak-kinds=definite",
+                 "--leak-check=full", "--trace-children=no", f"--suppressions={SUPP}",
+                 f"--log-file={vglog}"])
+    t0 = time.monotonic()
+    sc = clients(FakeSidecar(b.sock)).start()
+
+    def client(cid, **kw):
+        return clients(Client(cid, port=b.port, **kw))
+
+    # connect (v5 persistent, v3.1.1), subscribe ($share too), unsubscribe, retained
+    p = client("vg-persist", session_expiry=300, clean_start=False)
+    p.connect()
+    p.subscribe([("a/1", 1), ("$share/g/a/2", 2), ("a/3", 0)])
+    p.unsubscribe("a/3")
+    p.subscribe("a/1", 1)  # same qos again: no event (and Mosquitto's own leak, see supp)
+    p.subscribe("a/1", 0)  # a genuine downgrade
+    v3 = client("vg-v311", protocol=4, clean_start=False)
+    v3.connect()
+    v3.subscribe("b/#", 1)
+    v3.publish("ret/1", b"payload", qos=1, retain=True)
+    v3.publish("ret/1", b"", qos=1, retain=True)
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("k", "v")]
+    props.CorrelationData = b"c"
+    props.ContentType = "t"
+    props.ResponseTopic = "r"
+    props.PayloadFormatIndicator = 1
+    p.publish("ret/2", b"x", qos=1, retain=True, properties=props)
+    sc.wait_type("retained", count=3, timeout=20)
+
+    # takeover (session kept), then kick online (re-check path) and kick offline (refused)
+    p2 = client("vg-persist", session_expiry=300, clean_start=False)
+    assert p2.connect(timeout=20) is True
+    sc.wait_type("connect", client="vg-persist", count=2, timeout=20)
+    assert sc.call("kick", client="vg-persist", timeout=20)["ok"] is True
+    sc.wait_type("disconnect", client="vg-persist", count=2, timeout=20)
+    assert sc.call("kick", client="vg-persist", timeout=20)["error"] == "not_connected"
+
+    # deliver: online, offline (queued), unknown
+    on = client("vg-online")
+    on.connect(timeout=20)
+    sc.wait_type("connect", client="vg-online", timeout=20)
+    payload = base64.b64encode(b"hi").decode()
+    rep = sc.call("deliver", client="vg-online", topic="d/1", payload=payload, qos=1,
+                  properties={"user": [["a", "b"]], "message_expiry": 30}, timeout=20)
+    assert rep["ok"] and rep["queued"] is False
+    assert on.wait_messages(lambda m: m.topic == "d/1", timeout=20)
+    assert sc.call("deliver", client="vg-persist", topic="d/2", payload=payload, qos=1,
+                   timeout=20)["queued"] is True
+    # the kicked persistent client comes back to its session and the queued message
+    p3 = client("vg-persist", session_expiry=300, clean_start=False)
+    assert p3.connect(timeout=20) is True
+    assert p3.wait_messages(lambda m: m.topic == "d/2", timeout=20)
+    assert sc.call("deliver", client="nobody", topic="d/3", payload="", qos=0,
+                   timeout=20)["error"] == "unknown_client"
+
+    # deny retry / refuse / admit, and an impostor of the sidecar id
+    sc.call("deny", client="vg-denied", mode="retry", timeout=20)
+    with pytest.raises(ConnectFailed):
+        client("vg-denied").connect(timeout=20)
+    sc.call("deny", client="vg-denied", mode="refuse", timeout=20)
+    with pytest.raises(ConnectFailed):
+        client("vg-denied").connect(timeout=20)
+    sc.call("admit", client="vg-denied", timeout=20)
+    client("vg-denied").connect(timeout=20)
+    with pytest.raises(ConnectFailed):
+        clients(FakeSidecar(b.sock, username=SIDECAR_USER, password="bad")).connect(timeout=20)
+
+    # short session expiry -> session_expired
+    s = client("vg-short", session_expiry=1, clean_start=False)
+    s.connect(timeout=20)
+    s.disconnect()
+    sc.wait_type("session_expired", client="vg-short", timeout=20)
+
+    # re-injections by the forwarding connection: plain only, never a shared member
+    fwd = clients(RawClient(SIDECAR_ID + ".fwd", sock=b.sock, username=SIDECAR_USER,
+                            password=SECRET, clean_start=False, session_expiry=3600))
+    fwd.connect(timeout=20)
+    fwd.subscribe("$share/g/f/#", 2)
+    member = client("vg-member")
+    member.connect(timeout=20)
+    member.subscribe("$share/g/f/#", 2, timeout=20)
+    both = client("vg-both")
+    both.connect(timeout=20)
+    both.subscribe([("f/#", 2), ("$share/g/f/#", 2)], timeout=20)
+    fwd.publish("f/1", b"q0", qos=0)
+    fwd.publish("f/1", b"q1", qos=1)
+    fwd.publish2("f/1", b"")
+    mid = fwd.publish("f/1", b"q2", qos=2)
+    fwd.publish("f/1", b"q2", qos=2, mid=mid, dup=True)      # a stale entry
+    fwd.pubrel(mid)
+    fwd.publish("f/1", b"pending", qos=2)                    # never released: freed at exit
+    member.publish("f/1", b"ordinary", qos=1)
+    both.wait_messages(lambda m: m.payload != b"ordinary", count=4, timeout=20)
+    assert both.wait_messages(lambda m: m.payload == b"ordinary", timeout=20)
+    time.sleep(0.3)
+    assert not [m for m in member.messages if m.payload != b"ordinary"]
+    assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
+        b"", b"q0", b"q1", b"q2"]
+
+    # overload shedding: a persistent publisher (its subscriptions are re-checked at the kick)
+    # and a plain QoS 2 one are disconnected from inside the MESSAGE callback
+    assert sc.call("pressure", unacked=1, taken=0, shed_ms=60000, timeout=20)["shedding"] is True
+    shed_p = client("vg-shed", session_expiry=300, clean_start=False, will=("w/shed", b"x"))
+    shed_p.connect(timeout=20)
+    shed_p.subscribe("z/1", 1, timeout=20)
+    shed_p.c.publish("f/shed", b"refused", qos=1)
+    assert shed_p.wait_disconnected(20)
+    shed_q = client("vg-shed-2")
+    shed_q.connect(timeout=20)
+    shed_q.c.publish("f/shed", b"refused", qos=2)
+    assert shed_q.wait_disconnected(20)
+    assert sc.call("pressure", unacked=0, taken=5, shed_ms=0, timeout=20)["shed_total"] == 2
+    fwd._send(0xA2, (999).to_bytes(2, "big") + b"\x00" + b"\x00\x0c$share/g/f/#")
+    fwd.wait_ack(11, 999, timeout=20)
+
+    # stats, bad commands, heartbeat
+    assert sc.call("stats", timeout=20)["calibration"] == {"session_expiry": "ok"}
+    assert sc.call("nope", timeout=20)["error"] == "unknown_command"
+    sc.send(b"not json")
+    sc.wait_type("heartbeat", timeout=20)
+
+    # sidecar away: an overflow, then resume -> gap -> snapshot
+    sc.wait_synced(timeout=20)
+    sc.disconnect()
+    v3.subscribe([(f"flood/{i}", 0) for i in range(200)], timeout=30)
+    sc2 = clients(FakeSidecar(b.sock)).continue_from(sc)
+    sc2.connect(timeout=20)
+    assert sc2.resume(sc.contig + 1)["error"] == "gap"
+    _, snap = sc2.snapshot(timeout=20)
+    assert {c["client"] for c in snap} >= {"vg-persist", "vg-v311", "vg-online"}
+    v3.drop()
+    sc2.wait_type("disconnect", client="vg-v311", timeout=20)
+    for c in [on, p2, p3, sc2, member, both]:
+        c.close()
+    rc = b.stop(timeout=60)
+    report = vglog.read_text()
+    elapsed = time.monotonic() - t0
+    summary = re.findall(r"ERROR SUMMARY: (\d+) errors", report)
+    assert summary and summary[-1] == "0", report[-6000:]
+    # --error-exitcode=99: any error, definite leaks included, would make the exit code 99
+    assert rc == 0, f"exit code {rc}\n{report[-4000:]}"
+    assert "Memcheck" in report and "definitely lost: 0 bytes" in report or \
+        "no leaks are possible" in report, report[-4000:]
+    assert elapsed < 90, elapsed
