@@ -17,12 +17,19 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from sidecar.bench import payload
 from sidecar.bench.traces import TraceWriter, pub_line
 
 ACK_TIMEOUT = 30.0  # seconds without any ack before a publisher gives up
 CONNECT_TIMEOUT = 10.0
+SESSION_EXPIRY = 300
+"""Seconds the publisher's session outlives a disconnect: an overloaded node sheds publishers
+(disconnects them), and a QoS 2 message the broker had answered with PUBREC but not yet
+released survives that only in a session (paho completes it with its PUBREL after
+reconnecting; without a session the broker has forgotten it)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,10 @@ class Publisher:
 
     def connect(self) -> None:
         self.client.max_inflight_messages_set(self.spec.window)
-        self.client.connect(self.spec.host, self.spec.port, keepalive=30)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY  # a fresh session, resumed on reconnect
+        self.client.connect(self.spec.host, self.spec.port, keepalive=30,
+                            clean_start=mqtt.MQTT_CLEAN_START_FIRST_ONLY, properties=props)
         self.client.loop_start()
         if not self._connected.wait(CONNECT_TIMEOUT):
             raise RuntimeError(f"no CONNACK from {self.spec.host}:{self.spec.port}")
@@ -156,7 +166,9 @@ class Publisher:
         return res
 
     def close(self) -> None:
-        self.client.disconnect()
+        props = Properties(PacketTypes.DISCONNECT)
+        props.SessionExpiryInterval = 0  # done: the broker may forget the session
+        self.client.disconnect(properties=props)
         self.client.loop_stop()
 
 

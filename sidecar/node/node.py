@@ -29,7 +29,6 @@ from sidecar.local.event_stream import EventStream
 from sidecar.local.events import ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LocalLink
-from sidecar.local.pressure import Report
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
@@ -180,12 +179,8 @@ class Node:
             self.sync.tick(now)
             if self.routed.retaining:
                 self._apply_peers(*self.routed.refresh(now))
-            if self.routing is not None and self.routing.forward_client.wants_probe():
-                self.sync.probe_forwarding()
-            if self.routing is not None and self.link is not None and self.link.connected:
-                report = self.routing.pressure_report(now)
-                if report is not None:
-                    self._report_pressure(report)
+            if self.routing is not None:
+                self.routing.on_tick(now)
             if self.stream.in_sync and not self.ready:
                 self.ready = True
                 self._state_dirty = True
@@ -193,23 +188,6 @@ class Node:
             if (self._state_dirty and now - last_write > 0.2) or now - last_write > 0.5:
                 last_write = now
                 self._publish_status()
-
-    def _report_pressure(self, report: Report) -> None:
-        """Tell the plugin our backlog and whether to shed publishers (sidecar.local.pressure)."""
-        assert self.routing is not None
-        bp = self.routing.backpressure
-        if report.changed and report.shed_ms:
-            log.warning("overload: the forwarding backlog reached %d unacknowledged copies; "
-                        "publishers of QoS > 0 messages peers want are disconnected before "
-                        "their message is acknowledged until it is below %d", report.unacked,
-                        bp.resume_below, extra={"unacked": report.unacked})
-        elif report.changed:
-            log.warning("overload over: publishers are accepted again",
-                        extra={"unacked": report.unacked,
-                               "publishers_shed": bp.publishers_shed})
-        self.sync.report_pressure(report, lambda fields: bp.on_reply(
-            bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
-            int(fields.get("backlog", 0))))
 
     async def _drain(self) -> None:
         """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
@@ -289,7 +267,7 @@ class Node:
 
         return RoutingService(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,
-                              make_forward_client=forward_client, deliver=self.sync.deliver,
+                              make_forward_client=forward_client, commands=self.sync,
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
                               peer_token=self.peer_token, peer_tls=self.peer_tls,

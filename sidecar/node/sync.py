@@ -83,6 +83,11 @@ class PluginSync:
     def in_sync(self) -> bool:
         return self.stream.in_sync
 
+    @property
+    def connected(self) -> bool:
+        """The control link is up."""
+        return self.link is not None and self.link.connected
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()

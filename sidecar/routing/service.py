@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sidecar._proto import peer_pb2
 from sidecar.admin.trace import TraceRecorder, trace_id
@@ -68,12 +68,30 @@ PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack befo
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
 
 
+class PluginCommands(Protocol):
+    """The plugin commands routing uses (`sidecar.node.sync.PluginSync` provides them)."""
+
+    async def deliver(self, client: str, env: Envelope) -> None:
+        """Deliver to one local client; raises when the plugin refuses or does not answer."""
+
+    def probe_forwarding(self) -> None:
+        """Send the forwarding client a probe (sidecar.local.midgaps)."""
+
+    def report_pressure(self, report: Report,
+                        on_reply: Callable[[dict[str, Any]], None]) -> None:
+        """Report the overload state; `on_reply` gets the plugin's answer."""
+
+    @property
+    def connected(self) -> bool:
+        """The control link is up."""
+
+
 class RoutingService:
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
                  make_forward_client: Callable[..., ForwardClient],
-                 deliver: Callable[[str, Envelope], Any],
+                 commands: PluginCommands,
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
                  peer_tls: PeerTls | None = None, shed_above: int = 0) -> None:
@@ -83,7 +101,7 @@ class RoutingService:
         self.table = table
         self.spill_dir = run_dir / "spill"
         self.state_path = run_dir / "routing-state.json"
-        self.deliver = deliver
+        self.commands = commands
         self.local_interest = LocalInterest()
         self.remote = RemoteInterest()
         self.clock = HybridClock()
@@ -521,7 +539,7 @@ class RoutingService:
         if client is None:
             return False
         try:
-            await self.deliver(client, env)
+            await self.commands.deliver(client, env)
         except Exception as exc:  # the plugin refused or timed out: the origin is told
             log.warning("shared delivery failed: %s", exc, extra={"client": client})
             return False
@@ -532,10 +550,30 @@ class RoutingService:
         self._run_receive(self.receiver.on_shared_result(action.peer, action.envelope,
                                                          delivered, time.monotonic()))
 
-    def pressure_report(self, now: float) -> Report | None:
-        """The overload report the plugin should get now (sidecar.local.pressure), if any."""
+    def on_tick(self, now: float) -> None:
+        """Every 50 ms: probe the forwarding client when due, and report the overload state
+        to the plugin (sidecar.local.pressure)."""
+        if self.forward_client.wants_probe():
+            self.commands.probe_forwarding()
+        if not self.commands.connected:
+            return
         unacked, taken = self.forward_client.backlog()
-        return self.backpressure.on_tick(unacked, taken, now)
+        report = self.backpressure.on_tick(unacked, taken, now)
+        if report is None:
+            return
+        bp = self.backpressure
+        if report.changed and report.shed_ms:
+            log.warning("overload: the forwarding backlog reached %d unacknowledged copies; "
+                        "publishers of QoS > 0 messages peers want are disconnected before "
+                        "their message is acknowledged until it is below %d", report.unacked,
+                        bp.resume_below, extra={"unacked": report.unacked})
+        elif report.changed:
+            log.warning("overload over: publishers are accepted again",
+                        extra={"unacked": report.unacked,
+                               "publishers_shed": bp.publishers_shed})
+        self.commands.report_pressure(report, lambda fields: bp.on_reply(
+            bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
+            int(fields.get("backlog", 0))))
 
     def status(self) -> dict[str, Any]:
         return {
