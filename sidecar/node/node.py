@@ -12,12 +12,9 @@ import asyncio
 import contextlib
 import gc
 import importlib.metadata
-import json
 import logging
-import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from sidecar.admin.service import AdminService
@@ -33,6 +30,7 @@ from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
+from sidecar.node.status import node_status, write_status
 from sidecar.node.sync import PluginSync
 from sidecar.peering.handshake import Hello
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
@@ -45,14 +43,8 @@ from sidecar.tokens import AuthError, read_token
 log = logging.getLogger("mqfed.node")
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
 
 
-
-STATUS_DETAIL_LIMIT = 1000
 try:
     VERSION = importlib.metadata.version("mqfed")
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
@@ -132,43 +124,11 @@ class Node:
 
     # ---- lifecycle ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        cfg = self.config
-        return {
-            "node": cfg.node_id,
-            "cluster": cfg.cluster,
-            "pid": os.getpid(),
-            "mosquitto_pid": self.broker.pid if self.broker else None,
-            "ready": self.ready,
-            "started_at": self.started_at,
-            "mqtt": cfg["mqtt"]["listen"],
-            "grpc": cfg["grpc"]["listen"],
-            "admin": cfg["admin"]["listen"],
-            "metrics": cfg["admin"]["metrics"],
-            "peers": self.routed.routed,
-            "socket": str(self.layout.socket_path),
-            "stream": self.stream.stats(),
-            "broker_restarts": self.broker.restarts if self.broker else 0,
-            "session_counts": self.table.sessions_status(),
-            "routing": self.routing.status() if self.routing else None,
-            **self._detail(),
-        }
-
-    def _detail(self, limit: int = STATUS_DETAIL_LIMIT) -> dict[str, Any]:
-        """Per-filter and per-session detail for small nodes (debugging and tests)."""
-        interest = self.table.interest()
-        sessions = self.table.sessions()
-        if len(interest) > limit or len(sessions) > limit:
-            return {"detail": f"omitted: more than {limit} filters or sessions"}
-        return {
-            "interest": sorted(([k.group, k.filter, n] for k, n in interest.items()),
-                               key=lambda row: (row[0] or "", row[1])),
-            "sessions": {client: {"online": info.online, "persistent": info.persistent,
-                                  "subscriptions": self.table.subscriptions(client)}
-                         for client, info in sessions.items()},
-        }
+        """The node's status (`<run_dir>/state.json`)."""
+        return node_status(self, self.layout.socket_path)
 
     def _publish_status(self) -> None:
-        _write_json(self.layout.state_path, self.status())
+        write_status(self.layout.state_path, self.status())
         self._state_dirty = False
 
     async def _ticker(self) -> None:

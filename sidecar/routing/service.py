@@ -32,6 +32,7 @@ from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import PeerTransport
 from sidecar.retained.service import ReadRetained, RetainedService
+from sidecar.routing.acks import sort_acks
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -52,7 +53,6 @@ from sidecar.routing.interest import (
 )
 from sidecar.routing.pacing import BATCH_MESSAGES, DRAIN_RATE, Pacing
 from sidecar.routing.receiver import (
-    ACK_REJECTED,
     DeliverShared,
     Receiver,
     Reinject,
@@ -369,22 +369,15 @@ class RoutingService:
         queue = self.queues.get(peer)
         if queue is None:
             return
-        by_inc: dict[int, list[int]] = {}
-        rejected: list[int] = []
-        for ack in acks:
-            by_inc.setdefault(ack.origin_incarnation, []).append(ack.origin_seq)
-            if ack.status == ACK_REJECTED and ack.origin_incarnation == self.incarnation:
-                rejected.append(ack.origin_seq)
-        refused = set(rejected)
-        for inc, seqs in by_inc.items():
+        sorted_acks = sort_acks(((a.origin_incarnation, a.origin_seq, a.status) for a in acks),
+                                self.incarnation)
+        for inc, seqs in sorted_acks.by_incarnation.items():
             queue.on_acked(seqs, inc)
-            if inc == self.incarnation:
-                offered = self._offered_at[peer]
-                for seq in seqs:
-                    offered.pop(seq, None)
-                self._ack_local(self.forwarder.on_settled(
-                    peer, [s for s in seqs if s not in refused]))
-        for seq in rejected:
+        offered = self._offered_at[peer]
+        for seq in sorted_acks.by_incarnation.get(self.incarnation, ()):
+            offered.pop(seq, None)
+        self._ack_local(self.forwarder.on_settled(peer, sorted_acks.settled))
+        for seq in sorted_acks.rejected:
             self._run_forward(self.forwarder.on_rejected(peer, seq))
         self._schedule_flush()
 
