@@ -54,3 +54,29 @@ def readable_dir():
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _expected_skip(report: pytest.TestReport) -> bool:
+    """A skip the run was told to expect: MQFED_ALLOW_SKIPS=1 (any), MQFED_SKIP_CONTAINERS=1
+    (the container tests')."""
+    if os.environ.get("MQFED_ALLOW_SKIPS") == "1":
+        return True
+    return (os.environ.get("MQFED_SKIP_CONTAINERS") == "1"
+            and "MQFED_SKIP_CONTAINERS=1" in str(report.longrepr))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that skips without being expected to fails the run: a skip hides a missing
+    install step or engine as well as a pass would (issue 23). Skip reasons are listed by
+    `-rs` (pyproject's addopts)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or exitstatus != 0:
+        return
+    unexpected = [r for r in reporter.stats.get("skipped", []) if not _expected_skip(r)]
+    if unexpected:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter.ensure_newline()
+        reporter.write_line(f"{len(unexpected)} test(s) skipped without being expected "
+                            f"(first: {unexpected[0].nodeid}); install what they need, or "
+                            "set MQFED_ALLOW_SKIPS=1 (MQFED_SKIP_CONTAINERS=1 for the "
+                            "container tests)", red=True, bold=True)

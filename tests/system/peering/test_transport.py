@@ -453,6 +453,7 @@ def test_oversized_frames_fail_loudly_and_unknown_bodies_are_ignored():
     run(body())
 
 
+@pytest.mark.benchmark
 def test_throughput_in_one_process():
     async def body():
         async with nodes() as n:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import time
 
 import pytest
@@ -33,7 +34,8 @@ def test_connect_and_disconnect_fields_for_v5_v311_v31(broker, sidecar, client_f
     assert (c311["protocol"], c311["clean_start"], c311["session_expiry"]) == ("mqtt311", True, 0)
     c31 = sidecar.wait_type("connect", client="v31-client")[0]
     assert (c31["protocol"], c31["clean_start"], c31["session_expiry"]) == ("mqtt31", False, NEVER)
-    assert len(c5["epoch"]) == 16 and int(c5["epoch"], 16) >= 0
+    assert re.fullmatch("[0-9a-f]{16}", c5["epoch"]), c5["epoch"]
+    assert c5["epoch"] == sidecar.epoch  # the epoch the stream was (re)synced to
 
     # a v5 client may change its session expiry in DISCONNECT: the live value is reported
     v5.disconnect(session_expiry=5)
@@ -268,7 +270,7 @@ def test_kick_recheck_is_not_reported_as_subscribes(broker, sidecar, client_fact
 
 def test_heartbeat(make_broker, clients):
     b = make_broker(opts={"heartbeat_ms": 100})
-    sc = clients(FakeSidecar(b.sock)).start()
+    sc = clients(FakeSidecar(b.sock, auto_ack=False)).start()
     c = clients(Client("hb", port=b.port))
     c.connect()
     c.subscribe("h/1")
@@ -276,7 +278,14 @@ def test_heartbeat(make_broker, clients):
     hb = sc.wait_events(lambda e: e["type"] == "heartbeat" and e["clients"] == 1, timeout=3)
     assert hb, "no heartbeat after the subscribe"
     assert hb[-1]["sessions"] == 1 and hb[-1]["subscriptions"] == 1
-    assert hb[-1]["buffered"] >= 0
+    # nothing acked yet: every event before the heartbeat is buffered (seq counts from 1)
+    assert hb[-1]["buffered"] == hb[-1]["seq"] - 1
+    first = hb[-1]["seq"]
+    sc.send({"v": 1, "cmd": "ack", "seq": first, "epoch": sc.epoch})
+    later = sc.wait_events(lambda e: e["type"] == "heartbeat" and e["seq"] > first + 1,
+                           timeout=3)
+    assert later, "no heartbeat after the ack"
+    assert later[-1]["buffered"] == later[-1]["seq"] - first - 1
 
 
 def test_sidecar_actions_produce_no_events(broker, sidecar):

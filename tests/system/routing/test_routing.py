@@ -29,13 +29,12 @@ def test_publish_on_one_node_reaches_subscribers_everywhere_exactly_once(cluster
     for i in range(200):
         pub.publish(f"orders/{i % 7}", f"{i}".encode(), qos=1, wait=False)
     for sub in (local, remote2, remote3):
-        got = sub.wait_count(200)
+        sub.wait_count(200)
         time.sleep(0.3)
         payloads = [int(m.payload) for m in sub.messages]
         assert payloads == list(range(200)), (sub.client._client_id, len(payloads))
     for c in (local, remote2, remote3, pub):
         c.close()
-    assert got
 
 
 def test_qos_downgrade_and_upgrade_rules(cluster_factory):
