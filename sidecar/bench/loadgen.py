@@ -50,6 +50,7 @@ class LoadOptions:
     messages: int | None = 10000
     seconds: float | None = None
     qos: int = 1
+    protocol: str = "5"  # the publishers' MQTT version
     size: int = 100
     window: int = 100
     traces: Path | None = None
@@ -76,7 +77,7 @@ def specs(opts: LoadOptions) -> list[LoadSpec]:
                             seconds=opts.seconds, window=opts.window,
                             client_id=f"load-{opts.run}-pub-{k}",
                             traces=str(opts.traces) if opts.traces else None,
-                            run=opts.run, node=node))
+                            run=opts.run, node=node, protocol=opts.protocol))
     return out
 
 

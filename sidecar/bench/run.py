@@ -41,6 +41,7 @@ class BenchOptions:
     messages: int | None = 20000
     seconds: float | None = None
     qos: int = 1
+    protocol: str = "5"  # the publishers' MQTT version
     size: int = 100
     publishers: int = 1
     window: int = 100
@@ -72,7 +73,7 @@ def _specs(opts: BenchOptions, target: Target, run: str) -> list[LoadSpec]:
                      seconds=opts.seconds, window=opts.window,
                      client_id=f"bench-pub-{target.key}-{i}",
                      traces=str(opts.traces) if opts.traces else None, run=run,
-                     node=target.pub_node) for i in range(n)]
+                     node=target.pub_node, protocol=opts.protocol) for i in range(n)]
 
 
 def _probe(port: int, topic: str, qos: int, sub: Subscriber) -> None:

@@ -62,6 +62,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                         help="messages per case over all publishers (default: 20000)")
     amount.add_argument("--seconds", type=_positive, help="publish for this long per case")
     p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1, help="QoS (default: 1)")
+    p.add_argument("--protocol", choices=("5", "3.1.1"), default="5",
+                   help="the publishers' MQTT version (default: 5)")
     p.add_argument("--size", type=int, default=100,
                    help=f"payload bytes, at least {payload.MIN_SIZE} (default: 100)")
     p.add_argument("--publishers", type=_positive_int, default=1,
@@ -90,7 +92,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     opts = BenchOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
                         rate=args.rate, messages=None if args.seconds else args.messages or 20000,
-                        seconds=args.seconds, qos=args.qos, size=args.size,
+                        seconds=args.seconds, qos=args.qos, protocol=args.protocol,
+                        size=args.size,
                         publishers=args.publishers, window=args.window, cases=args.cases,
                         traces=args.traces.resolve() if args.traces else None)
 

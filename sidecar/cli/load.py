@@ -66,6 +66,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     amount.add_argument("--messages", type=int, help="messages in all (default: 10000)")
     amount.add_argument("--seconds", type=float, help="publish for this long")
     p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1, help="QoS (default: 1)")
+    p.add_argument("--protocol", choices=("5", "3.1.1"), default="5",
+                   help="the publishers' MQTT version (default: 5)")
     p.add_argument("--size", type=int, default=100, help="payload bytes (default: 100)")
     p.add_argument("--window", type=int, default=100,
                    help="most outstanding publishes per publisher (default: 100)")
@@ -96,7 +98,8 @@ def _options(args: argparse.Namespace) -> LoadOptions:
     return LoadOptions(nodes=nodes, publish_on=publish_on, subscribe_on=subscribe_on,
                        publishers=args.publishers, rate=args.rate,
                        messages=None if args.seconds else args.messages or 10000,
-                       seconds=args.seconds, qos=args.qos, size=args.size, window=args.window,
+                       seconds=args.seconds, qos=args.qos, protocol=args.protocol,
+                       size=args.size, window=args.window,
                        traces=args.traces.resolve() if args.traces else None,
                        pause=args.pause, **extra)
 

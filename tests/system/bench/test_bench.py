@@ -74,3 +74,20 @@ def test_bench_runs_three_cases_and_stops_everything(bench_dir: Path) -> None:
                *(pid for c in report["cases"] for pid in c["publisher_pids"])]
     assert not [pid for pid in started if pid_alive(pid)], "bench left processes running"
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
+
+
+def test_bench_with_mqtt311_publishers_at_qos2_loses_nothing(bench_dir: Path) -> None:
+    """`--protocol 3.1.1`: the publishers speak MQTT 3.1.1 (they keep Mosquitto's in-flight
+    limit, which a 3.1.1 client is not told: beyond it Mosquitto drops QoS 2 silently)."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    result = mqfed("bench", "--messages", "3000", "--qos", "2", "--protocol", "3.1.1",
+                   "--cases", "ab", "--json", "--run-dir", str(bench_dir),
+                   "--base-port", str(_base_port()), timeout=240)
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for case in report["cases"]:
+        assert (case["sent"], case["unique"], case["lost"], case["duplicates"]) == \
+            (3000, 3000, 0, 0), case
+    logs = (bench_dir / "cluster" / "nodes" / "n1" / "mosquitto.log").read_text()
+    assert "as bench-pub-a-0 (p2, c0," in logs, "no MQTT 3.1.1 publisher (Mosquitto logs it as p2)"
