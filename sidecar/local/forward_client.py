@@ -43,6 +43,7 @@ from sidecar.local.reinjection import (
     Reinjection,
     ReinjectWindow,
     Send,
+    backoff,
     reason_name,
 )
 from sidecar.message import MessageProperties
@@ -123,7 +124,7 @@ class ForwardClient:
         self._tickets = 0
         self._by_mid: dict[int, int] = {}  # paho mid of a QoS > 0 publish -> its ticket
         self._retry_timer: asyncio.TimerHandle | None = None
-        self._subscribing: dict[int, tuple[str, int, bool]] = {}  # SUBSCRIBE mid -> filter
+        self._subscribing: dict[int, tuple[str, int]] = {}  # SUBSCRIBE mid -> filter, its id
         self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
         self._subscribe_refusals: dict[str, int] = {}  # filter -> refusals in a row
         self.subscribe_refused = 0
@@ -249,14 +250,14 @@ class ForwardClient:
         entry = self._subscribing.pop(mid, None)
         if entry is None:
             return
-        filter, subscription_id, no_local = entry
+        filter, subscription_id = entry
         code = reason_codes[0].value if reason_codes else 0x80
         if code < 0x80:
             self._subscribe_refusals.pop(filter, None)
             return
         self.subscribe_refused += 1
         refusals = self._subscribe_refusals[filter] = self._subscribe_refusals.get(filter, 0) + 1
-        delay = min(30.0, 0.5 * 2 ** (refusals - 1))
+        delay = backoff(refusals, first=0.5, cap=30.0)
         log.error("Mosquitto refused the forwarding subscription %r (reason 0x%02x): peers' "
                   "subscribers miss this node's publishes on it until it is accepted; "
                   "retrying in %.1fs. Check this node's ACL for the sidecar identity",
@@ -348,7 +349,7 @@ class ForwardClient:
         self._subscribed[filter] = (subscription_id, no_local)
         _, mid = self._client.subscribe(filter, options=options, properties=props)
         if mid is not None:
-            self._subscribing[mid] = (filter, subscription_id, no_local)
+            self._subscribing[mid] = (filter, subscription_id)
 
     def unsubscribe(self, filter: str) -> None:
         self._subscribed.pop(filter, None)
@@ -366,21 +367,20 @@ class ForwardClient:
         """Re-inject a forwarded message (`retain`: a replicated retained message); returns
         a ticket that `on_published` reports once Mosquitto accepted it (QoS > 0)."""
         self.reinjected += 1
-        self._tickets += 1
-        ticket = self._tickets
-        self._run(self.window.offer(Reinjection(ticket, topic, payload, qos, retain,
-                                                properties)))
-        return ticket
+        return self._offer(topic, payload, qos, retain, properties)
 
     def barrier(self) -> int:
         """A QoS 1 publish Mosquitto acknowledges and delivers to nobody (a `$CONTROL/` topic
         without a handler): its PUBACK (`on_published`) proves every earlier QoS 0 publish of
         this connection was processed. Returns its ticket."""
+        return self._offer(BARRIER_TOPIC, b"", 1, False, NO_PROPERTIES)
+
+    def _offer(self, topic: str, payload: bytes, qos: int, retain: bool,
+               properties: MessageProperties) -> int:
         self._tickets += 1
-        ticket = self._tickets
-        self._run(self.window.offer(Reinjection(ticket, BARRIER_TOPIC, b"", 1, False,
-                                                NO_PROPERTIES)))
-        return ticket
+        self._run(self.window.offer(Reinjection(self._tickets, topic, payload, qos, retain,
+                                                properties)))
+        return self._tickets
 
     def close(self) -> None:
         if self._retry_timer is not None:

@@ -124,7 +124,6 @@ class LeanClient(BufferedReadClient):
                 return self._do_on_publish(mid, _SUCCESS[cmd], _NO_PROPS[cmd])
         return mqtt.MQTT_ERR_SUCCESS
 
-
     def _handle_pubrec(self) -> mqtt.MQTTErrorCode:
         """A PUBREC with a failure reason (0x80 and above) ends the QoS 2 exchange: the message
         was not accepted (MQTT 5, 4.3.3), so no PUBREL is sent and the publish is reported to

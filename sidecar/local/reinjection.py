@@ -91,9 +91,10 @@ class _Held:
     retrying: Reinjection | None = None
 
 
-def backoff(refusals: int) -> float:
-    """Seconds before the next attempt after `refusals` refusals in a row."""
-    return min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, refusals - 1))
+def backoff(refusals: int, first: float = RETRY_FIRST, cap: float = RETRY_MAX) -> float:
+    """Seconds before the next attempt after `refusals` refusals in a row: `first`, doubling,
+    at most `cap`."""
+    return min(cap, first * 2 ** max(0, refusals - 1))
 
 
 @dataclass

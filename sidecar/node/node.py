@@ -71,7 +71,6 @@ class Node:
         self.interest_changes = 0
         self.protocol_error: ProtocolError | None = None
         self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
         self._state_dirty = True
         self.admin = AdminService(self, VERSION, CRASHED_RETENTION)
 
@@ -111,11 +110,6 @@ class Node:
     def _on_retained(self, event: RetainedSeen) -> None:
         if self.routing is not None:
             self.routing.on_retained_seen(event)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _on_protocol_error(self, exc: ProtocolError) -> None:
         log.error("plugin protocol error: %s", exc)
@@ -310,9 +304,9 @@ class Node:
             if self.membership is not None:  # then leave: peers drop us at once
                 await self.membership.stop()
                 self.membership = None
-            for task in background + list(self._tasks):
+            for task in background:
                 task.cancel()
-            await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+            await asyncio.gather(*background, return_exceptions=True)
             await self.sync.stop()
             self.ready = False
             await self.admin.stop()

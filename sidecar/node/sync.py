@@ -80,10 +80,6 @@ class PluginSync:
         self._run(self.stream.on_tick(now))
 
     @property
-    def in_sync(self) -> bool:
-        return self.stream.in_sync
-
-    @property
     def connected(self) -> bool:
         """The control link is up."""
         return self.link is not None and self.link.connected

@@ -55,7 +55,6 @@ from sidecar.routing.pacing import BATCH_MESSAGES, DRAIN_RATE, Pacing
 from sidecar.routing.receiver import (
     DeliverShared,
     Receiver,
-    Reinject,
     SendAcks,
 )
 from sidecar.routing.table import InterestChange, SubscriptionTable
@@ -506,8 +505,6 @@ class RoutingService:
                     self.transport.reply(peer, peer_frames.ack_frame(acks))
             elif isinstance(action, DeliverShared):
                 asyncio.get_running_loop().create_task(self._deliver_shared(action))
-            elif isinstance(action, Reinject):  # pragma: no cover - routed in _on_envelopes
-                raise TypeError("re-injections are published where they are routed")
         due = self.receiver.ack_due
         if due is not None and self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_at(due, self._on_ack_timer)
