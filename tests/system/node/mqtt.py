@@ -15,7 +15,8 @@ class Client:
 
     def __init__(self, port: int, client_id: str, *, v5: bool = True, clean: bool = True,
                  session_expiry: int = 0, username: str | None = None,
-                 password: str | None = None, host: str = "127.0.0.1") -> None:
+                 password: str | None = None, host: str = "127.0.0.1",
+                 receive_maximum: int = 0) -> None:
         self.messages: list[mqtt.MQTTMessage] = []
         self.connected = threading.Event()
         self.reason: object = None
@@ -33,6 +34,8 @@ class Client:
             props = Properties(PacketTypes.CONNECT)
             if session_expiry:
                 props.SessionExpiryInterval = session_expiry
+            if receive_maximum:  # else Mosquitto sends at most max_inflight_messages (20)
+                props.ReceiveMaximum = receive_maximum
             kwargs = {"clean_start": clean, "properties": props}
         self.client.connect(host, port, keepalive=30, **kwargs)
         self.client.loop_start()

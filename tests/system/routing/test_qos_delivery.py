@@ -5,12 +5,13 @@ messages at QoS 0, 1 and 2 (5,000 per QoS), flat out and paced. Two subscribers 
 on n1 and n3, must get every message they must, in per-publisher order, exactly once where the
 effective QoS is 2. Every publish must be acknowledged with a success reason code.
 
-One exception, measured on a single stock Mosquitto 2.0.11 with no plugin (the same two
-publishers and a QoS 2 subscriber on it, flat out and at 1,500 messages/s per publisher):
-Mosquitto itself delivers some messages out of order to a QoS 2 subscriber once its
-in-flight window fills; at 300 messages/s it does not. The cluster cannot be more ordered
-than its brokers, so order is checked for QoS 2 subscribers at 300 messages/s (the last
-test) and for every other subscriber at every rate.
+Subscribers announce a Receive Maximum of 65,535. Without one, Mosquitto 2.0.11 keeps at most
+`max_inflight_messages` (20) QoS > 0 messages in flight to a subscriber and queues the rest, and
+once that window fills it delivers out of order (measured on a single Mosquitto with no plugin;
+in its source, `db__message_insert` lets a new message into a freed in-flight slot ahead of the
+queued ones). That reordering belongs to the subscriber's own broker, not to the hop, and shows
+whenever a slow subscriber (here paho threads sharing a busy 2-core machine) lets the window
+fill; a single broker does it as well.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Publisher:
         self.refused: list[tuple[int, str]] = []
         self.client.client.on_publish = self._on_publish
         self.infos: list[mqtt.MQTTMessageInfo] = []
+        self.reconnects = 0
+        self.client.client.on_connect = self._on_connect
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.reconnects += 1
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -98,7 +104,8 @@ def test_every_qos_arrives_complete_in_order_exactly_once(shared_cluster, mode):
     subs: list[tuple[Client, int]] = []
     for node in ("n1", "n3"):
         for qos in (0, 1, 2):
-            sub = Client(cluster.ports[node], f"qv-{mode}-{node}-q{qos}")
+            sub = Client(cluster.ports[node], f"qv-{mode}-{node}-q{qos}",
+                         receive_maximum=65535)
             assert sub.wait_connected()
             sub.subscribe(f"{prefix}/#", qos=qos)
             subs.append((sub, qos))
@@ -124,10 +131,10 @@ def test_every_qos_arrives_complete_in_order_exactly_once(shared_cluster, mode):
             time.sleep(0.25)
         time.sleep(1.0)  # late duplicates, if any, arrive
         problems = [p for s, q in subs
-                    for p in _check(s, q, prefix, ["v5", "v311"],
-                                    ordered=q < 2)]
+                    for p in _check(s, q, prefix, ["v5", "v311"], ordered=True)]
         shed = [(n, cluster.routing(n).get("overload", {})) for n in ("n2",)]
-        assert not problems, f"{problems[:12]} (overload on n2: {shed})"
+        reconnects = {p.name: p.reconnects for p in pubs}
+        assert not problems, f"{problems[:12]} (overload on n2: {shed}, reconnects {reconnects})"
         for node in ("n1", "n3"):
             window = cluster.routing(node)["fwd"]["reinject"]
             assert window["refused"] == 0, (node, window)
@@ -135,40 +142,4 @@ def test_every_qos_arrives_complete_in_order_exactly_once(shared_cluster, mode):
         for p in pubs:
             p.client.close()
         for s, _ in subs:
-            s.close()
-
-
-def test_qos2_subscribers_get_order_at_a_rate_one_mosquitto_keeps(shared_cluster):
-    """At 300 messages/s per publisher a single Mosquitto delivers in order to a QoS 2
-    subscriber too (measured); so must the cluster."""
-    cluster, count = shared_cluster, 300
-    prefix = "qosvol/slow"
-    subs = []
-    for node in ("n1", "n3"):
-        sub = Client(cluster.ports[node], f"qv-slow-{node}")
-        assert sub.wait_connected()
-        sub.subscribe(f"{prefix}/#", qos=2)
-        subs.append(sub)
-        cluster.wait_interest(node, f"{prefix}/#")
-    pubs = [Publisher(cluster.ports["n2"], prefix, "v5", v5=True, count=count),
-            Publisher(cluster.ports["n2"], prefix, "v311", v5=False, count=count)]
-    threads = [threading.Thread(target=p.run, args=(300.0,)) for p in pubs]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        for p in pubs:
-            p.finish()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(len(s.messages) < 6 * count for s in subs):
-            time.sleep(0.1)
-        time.sleep(0.5)
-        problems = [p for s in subs
-                    for p in _check(s, 2, prefix, ["v5", "v311"], ordered=True, count=count)]
-        assert not problems, problems[:12]
-    finally:
-        for p in pubs:
-            p.client.close()
-        for s in subs:
             s.close()
