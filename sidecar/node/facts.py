@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sidecar.peering.tls import PeerTls
     from sidecar.routing.service import RoutingService
     from sidecar.routing.table import SubscriptionTable
+    from sidecar.sessions.service import SessionService
 
 
 class NodeView(Protocol):
@@ -37,6 +38,8 @@ class NodeView(Protocol):
     def link(self) -> LocalLink | None: ...
     @property
     def routing(self) -> RoutingService | None: ...
+    @property
+    def sessions(self) -> SessionService | None: ...
     @property
     def peer_tls(self) -> PeerTls | None: ...
     @property

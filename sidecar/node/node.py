@@ -23,7 +23,7 @@ from sidecar.broker.process import MosquittoProcess
 from sidecar.config import NodeConfig, is_loopback
 from sidecar.drain import drain
 from sidecar.local.event_stream import EventStream
-from sidecar.local.events import ProtocolError, RetainedSeen, Snapshot
+from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LocalLink
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
@@ -38,6 +38,7 @@ from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
 from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
+from sidecar.sessions.service import SessionService
 from sidecar.tokens import AuthError, read_token
 
 log = logging.getLogger("mqfed.node")
@@ -59,7 +60,9 @@ class Node:
         self.layout = NodeLayout(config.run_dir)
         self.sync = PluginSync(self.layout.socket_path, on_interest=self._on_interest,
                                on_retained=self._on_retained, on_changed=self._changed,
-                               on_fatal=self._on_protocol_error)
+                               on_fatal=self._on_protocol_error,
+                               on_event=self._on_client_event, on_snapshot=self._on_snapshot)
+        self.sessions: SessionService | None = None
         self.broker: MosquittoProcess | None = None
         self.routing: RoutingService | None = None
         self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
@@ -110,6 +113,14 @@ class Node:
     def _on_retained(self, event: RetainedSeen) -> None:
         if self.routing is not None:
             self.routing.on_retained_seen(event)
+
+    def _on_client_event(self, event: Event) -> None:
+        if self.sessions is not None:
+            self.sessions.on_event(event)
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if self.sessions is not None:
+            self.sessions.on_snapshot(snapshot)
 
     def _on_protocol_error(self, exc: ProtocolError) -> None:
         log.error("plugin protocol error: %s", exc)
@@ -233,15 +244,26 @@ class Node:
         snapshot = await self.sync.connect(secret, self.config["mqtt"]["link_timeout"])
         self.routing = self._build_routing(secret, incarnation)
         self.routing.on_peer_hello = self.admin.on_peer_hello
+        routing = self.routing
+        link = self.link
+        assert link is not None
+        self.sessions = SessionService(
+            self.config.node_id, incarnation, self.layout.run_dir, self.layout.socket_path,
+            secret, link.request, routing.transport, lambda: list(routing.queues))
+        routing.sessions = self.sessions
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then
         except PeerTransportError as exc:
             raise NodeError(str(exc)) from None
+        self.sessions.start()
         return snapshot
 
     async def _abandon_start(self) -> None:
         """Start-up failed after Mosquitto was up: undo what started, and stop the Mosquitto
         this process spawned (one it adopted keeps serving its clients until we return)."""
+        if self.sessions is not None:
+            with contextlib.suppress(Exception):
+                await self.sessions.stop()
         if self.routing is not None:
             with contextlib.suppress(Exception):
                 await self.routing.stop()
@@ -310,6 +332,8 @@ class Node:
             await self.sync.stop()
             self.ready = False
             await self.admin.stop()
+            if self.sessions is not None:
+                await self.sessions.stop()
             if self.routing is not None:
                 await self.routing.stop()
             self.sync.close()

@@ -35,6 +35,7 @@ def node_status(node: NodeView, socket_path: Path, limit: int = DETAIL_LIMIT) ->
         "broker_restarts": node.broker.restarts if node.broker else 0,
         "session_counts": node.table.sessions_status(),
         "routing": node.routing.status() if node.routing else None,
+        "cluster_sessions": node.sessions.status() if node.sessions else None,
         **_detail(node, limit),
     }
 

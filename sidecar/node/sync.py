@@ -49,7 +49,9 @@ class PluginSync:
                  on_interest: Callable[[list[InterestChange]], None],
                  on_retained: Callable[[RetainedSeen], None],
                  on_changed: Callable[[], None],
-                 on_fatal: Callable[[ProtocolError], None]) -> None:
+                 on_fatal: Callable[[ProtocolError], None],
+                 on_event: Callable[[Event], None] = lambda event: None,
+                 on_snapshot: Callable[[Snapshot], None] = lambda snapshot: None) -> None:
         self.socket_path = socket_path
         self.stream = EventStream()
         self.table = SubscriptionTable()
@@ -58,6 +60,8 @@ class PluginSync:
         self.on_retained = on_retained
         self.on_changed = on_changed  # the node's status changed (write it soon)
         self.on_fatal = on_fatal
+        self.on_event = on_event  # every applied event, in order (sessions)
+        self.on_snapshot = on_snapshot  # every snapshot loaded (sessions)
         self._snapshot_failures = 0
         self._tasks: set[asyncio.Task] = set()
 
@@ -110,8 +114,10 @@ class PluginSync:
                 self._interest(self.table.apply(action.event))
                 if isinstance(action.event, RetainedSeen):
                     self.on_retained(action.event)
+                self.on_event(action.event)
             elif isinstance(action, LoadSnapshot):
                 self._interest(self.table.load_snapshot(action.snapshot))
+                self.on_snapshot(action.snapshot)
             elif isinstance(action, SendAck):
                 assert self.link is not None
                 self.link.send("ack", seq=action.seq, epoch=self.stream.epoch)

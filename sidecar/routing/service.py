@@ -85,6 +85,14 @@ class PluginCommands(Protocol):
         """The control link is up."""
 
 
+class PeerFrames(Protocol):
+    """Another replicated part that speaks over the peer streams (sessions)."""
+
+    def on_peer_up(self, peer: str) -> None: ...
+
+    def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None: ...
+
+
 class RoutingService:
     """Interest exchange, forwarding and re-injection for one node."""
 
@@ -128,6 +136,7 @@ class RoutingService:
         fwd = self.forward_client
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
         self.pacing = Pacing(fwd.max_queued)
+        self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
                                         lambda: list(self.queues), read_retained,
                                         tombstone_grace)
@@ -227,6 +236,8 @@ class RoutingService:
         self.transport.send(peer, peer_frames.interest_snapshot_frame(
             self.local_interest.snapshot()))
         self.retained.on_peer_up(peer)
+        if self.sessions is not None:
+            self.sessions.on_peer_up(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
@@ -270,6 +281,8 @@ class RoutingService:
                 self.local_interest.snapshot()))
         elif kind is not None and kind.startswith("retained_"):
             self.retained.on_frame(peer, frame, inbound)
+        elif kind is not None and kind.startswith("session_") and self.sessions is not None:
+            self.sessions.on_frame(peer, frame, inbound)
 
     def on_retained_seen(self, event: RetainedSeen) -> None:
         """A local client's retained publish (plugin event): the retained path takes it."""

@@ -102,6 +102,7 @@ CORES = {
     "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
     "sidecar.membership.routed", "sidecar.routing.acks",
     "sidecar.hlc", "sidecar.topics", "sidecar.message",
+    "sidecar.sessions.record", "sidecar.sessions.registry",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""
 VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol", "sidecar.membership.view"}

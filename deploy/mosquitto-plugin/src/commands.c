@@ -13,10 +13,12 @@
 
 #define REPLY_PREFIX "$SYS/broker/mqfed/replies/"
 
+enum deny_mode { DENY_RETRY, DENY_REFUSE, DENY_SESSION };
+
 struct deny {
 	UT_hash_handle hh;
 	char *id;
-	bool refuse;
+	enum deny_mode mode;
 };
 
 static unsigned snapshot_chunk;
@@ -39,14 +41,16 @@ static struct deny *deny_find(const char *id)
 	return d;
 }
 
-/* A connect of a denied client id: counted, and *refuse tells its mode. */
-bool deny_connect(const char *id, bool *refuse)
+/* Whether a connect of client `id` (asking for a clean start or not) is denied: counted,
+ * and *refuse tells how. Mode `session` denies (as retry) only a connect that would resume a
+ * session: the cluster holds that client's session on another node and makes it here first. */
+bool deny_connect(const char *id, bool clean_start, bool *refuse)
 {
 	struct deny *d = deny_find(id);
 
-	if(d == NULL) return false;
+	if(d == NULL || (d->mode == DENY_SESSION && clean_start)) return false;
 	denied_connects++;
-	*refuse = d->refuse;
+	*refuse = d->mode == DENY_REFUSE;
 	return true;
 }
 
@@ -313,7 +317,8 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 	const char *mode = get_str(req, "mode");
 	struct deny *d;
 
-	if(client == NULL || mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse"))){
+	if(client == NULL || mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse")
+				&& !streq(mode, "session"))){
 		reply_error(rq, "bad_request");
 		return;
 	}
@@ -328,7 +333,8 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 		}
 		HASH_ADD_KEYPTR(hh, denies, d->id, strlen(d->id), d);
 	}
-	d->refuse = streq(mode, "refuse");
+	d->mode = streq(mode, "refuse") ? DENY_REFUSE : streq(mode, "session") ? DENY_SESSION
+		: DENY_RETRY;
 	reply_ok(rq);
 }
 

@@ -49,6 +49,7 @@ static time_t last_expiry_check;
  * "active") from a real SUBSCRIBE packet (handle_subscribe.c requires state active). */
 extern int mosquitto__get_state(struct mosquitto *mosq) __attribute__((weak));
 #define MOSQ_CS_ACTIVE 3 /* enum mosquitto_client_state in lib/mosquitto_internal.h */
+#define MOSQ_CS_DISCONNECTED 7 /* an offline session (context.c, context__disconnect) */
 
 /* The broker's full ACL chain (security.c), exported but not in the public headers. Weak: without
  * it a subscription refused by a later provider is still reported. */
@@ -181,6 +182,19 @@ static bool is_sidecar(struct mosquitto *client)
 		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
 }
 
+/* A shadow (sessions.md): the sidecar acting as client C to make, drain or delete C's
+ * session here. Its username is the sidecar's, which only the secret obtains (BASIC_AUTH) and
+ * which enhanced authentication cannot claim; also true of the offline session it leaves. */
+static bool is_shadow(struct mosquitto *client)
+{
+	const char *id;
+
+	if(client == NULL || client == sidecar_conn() || client == sidecar_fwd_conn()) return false;
+	id = mosquitto_client_id(client);
+	return id != NULL && !is_sidecar_id(id)
+		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
+}
+
 /* The forwarding connection or its offline session (given is_sidecar). */
 static bool is_fwd(struct mosquitto *client)
 {
@@ -232,7 +246,8 @@ static int later_verdict(struct mosquitto *client, const char *topic, uint8_t qo
 	return rc;
 }
 
-static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos, int access)
+static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos, int access,
+		bool trusted)
 {
 	struct client *c;
 	const char *id;
@@ -242,7 +257,7 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 		 * subscription of a persistent client being kicked and silently removes the denied
 		 * ones. Nothing changes unless the rest of the chain now denies it. */
 		pending_resolve_conn(client); /* accepted: it is being kicked after connecting */
-		if(access != MOSQ_ACL_SUBSCRIBE) return;
+		if(access != MOSQ_ACL_SUBSCRIBE || trusted) return;
 		if(later_verdict(client, filter, qos, access) == MOSQ_ERR_SUCCESS) return;
 		id = mosquitto_client_id(client);
 		c = model_find(id);
@@ -251,7 +266,7 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 		}
 		return;
 	}
-	if(later_verdict(client, filter, qos, access) != MOSQ_ERR_SUCCESS){
+	if(!trusted && later_verdict(client, filter, qos, access) != MOSQ_ERR_SUCCESS){
 		return; /* refused by a later provider: the broker does not add/remove it */
 	}
 	c = model_client_for_event(client, true);
@@ -267,6 +282,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_acl_check *ed = event_data;
 	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
+	bool shadow;
 
 	(void)event;
 	(void)userdata;
@@ -285,16 +301,27 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_SUCCESS;
 	}
 	if(ed->topic == NULL) return pass;
+	/* a shadow makes the subscriptions its client had on another node, where they were
+	 * checked; its session's queued messages are the client's: granted, and reported */
+	shadow = is_shadow(ed->client);
+	if(shadow && ed->access == MOSQ_ACL_READ && mosquitto__get_state
+			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED){
+		/* a session a shadow made here queues nothing until its client takes it over: the
+		 * node the client comes from queues for it meanwhile and hands that over (never
+		 * twice). Its client's own connect re-checks the queue as another context. */
+		return MOSQ_ERR_ACL_DENIED;
+	}
+	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
 
 	switch(ed->access){
 		case MOSQ_ACL_SUBSCRIBE:
 			if(topic_in_subtree(strip_share(ed->topic), "$SYS/broker/mqfed")){
 				return MOSQ_ERR_ACL_DENIED;
 			}
-			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access);
+			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access, shadow);
 			return pass;
 		case MOSQ_ACL_UNSUBSCRIBE:
-			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access);
+			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access, shadow);
 			return pass;
 		case MOSQ_ACL_READ:
 			if(topic_in_subtree(ed->topic, "$SYS/broker/mqfed")) return MOSQ_ERR_ACL_DENIED;
@@ -341,7 +368,19 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
-	if(deny_connect(id, &refuse)){
+	if(streq(ed->username, MQFED_SIDECAR_USER)){
+		/* a shadow: the sidecar acting as this client (is_shadow); never on the deny list */
+		if(!secret_ok(ed->password)){
+			mosquitto_log_printf(MOSQ_LOG_WARNING,
+					"mqfed: refused client '%s' using the sidecar's username without its "
+					"secret", id);
+			emit_connect_rejected(id, ed->username, "auth");
+			return MOSQ_ERR_AUTH;
+		}
+		pending_add(client, id, ed->username);
+		return MOSQ_ERR_SUCCESS;
+	}
+	if(deny_connect(id, mosquitto_client_clean_session(client), &refuse)){
 		emit_connect_rejected(id, ed->username, "denied");
 		/* refuse: CONNACK "not authorized". retry: any other error closes the socket without a
 		 * CONNACK (handle_connect.c), a retriable network failure for the client. */
@@ -360,9 +399,10 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_event();
-	if(is_sidecar_id(id)){
+	if(is_sidecar_id(id) || streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
-				"mqfed: refused enhanced authentication using the sidecar's client id '%s'", id);
+				"mqfed: refused enhanced authentication using the sidecar's client id or "
+				"username ('%s')", id);
 		emit_connect_rejected(id, mosquitto_client_username(ed->client), "auth");
 		return MOSQ_ERR_AUTH;
 	}

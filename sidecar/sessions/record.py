@@ -1,0 +1,69 @@
+"""`SessionRecord`: what the cluster knows of one client id's session (sans-IO value).
+
+Every node holds every record. A record changes only on its owner (the node where the client
+last connected); the newest wins everywhere, by `version`: the connect's HLC first (the latest
+connect wins), then the HLC of the change, then the owner (a tie-break that cannot happen in
+practice: one node never reuses an HLC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+NEVER = 0xFFFFFFFF
+"""Session Expiry Interval meaning "never" (MQTT v5; what Mosquitto reports for 3.1.x
+clean session 0)."""
+
+
+class Version(NamedTuple):
+    """Order of records of one client id."""
+
+    connect_hlc: int
+    change_hlc: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One client id's session as the cluster knows it.
+
+    `expiry`: Session Expiry Interval in seconds (None: unknown, treated as kept).
+    `fresh`: the connect that made this record began a new session (clean start, or no
+    session to resume where it connected): copies of an older session elsewhere are deleted.
+    `deleted`: the session is gone (ended with expiry 0, expired, or discarded): a tombstone,
+    kept for a while so an older record cannot bring it back.
+    `subscriptions`: filter (verbatim, `$share/...` included) -> granted QoS.
+    """
+
+    client: str
+    owner: str
+    connect_hlc: int
+    change_hlc: int
+    protocol: str = "mqtt5"
+    expiry: int | None = 0
+    fresh: bool = True
+    online: bool = True
+    since_ms: int = 0
+    deleted: bool = False
+    subscriptions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def version(self) -> Version:
+        return Version(self.connect_hlc, self.change_hlc, self.owner)
+
+    @property
+    def persistent(self) -> bool:
+        """The session outlives its connection (a resumable session exists while not deleted)."""
+        return not self.deleted and (self.expiry is None or self.expiry > 0)
+
+    def expires_at_ms(self) -> int | None:
+        """Wall time when an offline session expires (None: online, or never)."""
+        if self.online or self.deleted or self.expiry is None or self.expiry >= NEVER:
+            return None
+        return self.since_ms + self.expiry * 1000
+
+
+def newer(a: SessionRecord, b: SessionRecord | None) -> bool:
+    """Whether `a` supersedes `b`."""
+    return b is None or a.version > b.version

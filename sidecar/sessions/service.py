@@ -1,0 +1,307 @@
+"""`SessionService`: the session registry wired to I/O (adapter).
+
+Feeds the registry core the plugin's client events and the records peers send; carries out its
+actions: records to the store and to every peer, kicks and the deny list through the plugin,
+shadow connections (make, drain, delete a session), and session backlogs between nodes. The
+operations of one client id run one after another, in the order the core asked for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from sidecar._proto import peer_pb2
+from sidecar.hlc import HybridClock
+from sidecar.local.events import (
+    Connect,
+    ConnectRejected,
+    Disconnect,
+    SessionExpired,
+    Snapshot,
+    Subscribe,
+    Unsubscribe,
+)
+from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.routing.forwarder import Envelope
+from sidecar.sessions import wire
+from sidecar.sessions.registry import (
+    Admit,
+    Deny,
+    Discard,
+    Drain,
+    Forget,
+    Kick,
+    Materialize,
+    Publish,
+    SessionRegistry,
+)
+from sidecar.sessions.shadow import Shadows
+from sidecar.sessions.sqlite import SqliteSessionStore
+
+log = logging.getLogger("mqfed.sessions")
+
+BACKLOG_TIMEOUT = 10.0
+TICK = 0.5
+Request = Callable[..., Awaitable[Any]]
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SessionService:
+    """Sessions of one node; the node hands it plugin events, `RoutingService` peer frames."""
+
+    def __init__(self, node_id: str, incarnation: int, run_dir: Path, socket_path: Path,
+                 secret: str, request: Request, transport: Any,
+                 peers: Callable[[], Iterable[str]]) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.request = request  # the plugin's commands (LocalLink.request)
+        self.transport = transport
+        self.peers = peers
+        self.store = SqliteSessionStore(run_dir / "sessions.sqlite")
+        self.clock = HybridClock()
+        self.registry = SessionRegistry(node_id, self.clock)
+        for record in self.store.load():
+            self.registry.records[record.client] = record
+        self.shadows = Shadows(socket_path, secret, self._deliver_marker)
+        self._chains: dict[str, asyncio.Task] = {}
+        self._exchanges = itertools.count(1)
+        self._backlog_acks: dict[tuple[str, int], asyncio.Future] = {}
+        self._seq = itertools.count(1)
+        self._task: asyncio.Task | None = None
+        self.handover_ms: list[float] = []
+        self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
+                         "commands_failed": 0, "frames_out": 0}
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._ticker())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._chains.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.store.close()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            self._run(self.registry.on_tick(_wall_ms()))
+
+    # ---- inputs: the plugin ----------------------------------------------------------------
+    def on_event(self, event: object) -> None:
+        """One applied plugin event (any type; the client events matter here)."""
+        now = _wall_ms()
+        reg = self.registry
+        client = getattr(event, "client", None)
+        if client is not None and client.startswith(DEFAULT_SIDECAR_ID):
+            return
+        if isinstance(event, Connect):
+            self._run(reg.on_connect(event.client, event.username, event.protocol,
+                                     event.clean_start, event.session_expiry,
+                                     event.session_present, now))
+        elif isinstance(event, Subscribe):
+            self._run(reg.on_subscribe(event.client, event.filter, event.qos, now))
+        elif isinstance(event, Unsubscribe):
+            self._run(reg.on_unsubscribe(event.client, event.filter, now))
+        elif isinstance(event, Disconnect):
+            self._run(reg.on_disconnect(event.client, event.taken_over, event.session_kept,
+                                        event.session_expiry, now))
+        elif isinstance(event, SessionExpired):
+            self._run(reg.on_session_expired(event.client, now))
+        elif isinstance(event, ConnectRejected):
+            self._run(reg.on_connect_rejected(event.client, event.reason, now))
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """The plugin's snapshot after a (re)sync: what the local Mosquitto holds."""
+        online = {c.client: (c.username, c.protocol, c.clean_start, c.session_expiry)
+                  for c in snapshot.clients
+                  if c.online and not c.client.startswith(DEFAULT_SIDECAR_ID)}
+        sessions = {c.client for c in snapshot.clients
+                    if not c.online and not c.client.startswith(DEFAULT_SIDECAR_ID)}
+        self._run(self.registry.on_local_snapshot(online, sessions, _wall_ms()))
+
+    # ---- inputs: peers -------------------------------------------------------------------
+    def on_peer_up(self, peer: str) -> None:
+        for data in wire.records_frames(self.registry.snapshot(), snapshot=True):
+            self._send(peer, data)
+
+    def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
+        kind = frame.WhichOneof("body")
+        if kind == "session_records":
+            records = [wire.record_from_proto(m) for m in frame.session_records.records]
+            self._run(self.registry.on_remote(records, _wall_ms()))
+        elif kind == "session_backlog":
+            msg = frame.session_backlog
+            self._chain(msg.client, self._receive_backlog(peer, msg, inbound))
+        elif kind == "session_backlog_ack":
+            msg = frame.session_backlog_ack
+            fut = self._backlog_acks.pop((msg.client, msg.exchange), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.ok)
+
+    # ---- actions -------------------------------------------------------------------------
+    def _run(self, actions: list) -> None:
+        publish = []
+        for action in actions:
+            if isinstance(action, Publish):
+                publish.append(action.record)
+            elif isinstance(action, Kick):
+                self._chain(action.client, self._command(
+                    "kick", client=action.client, with_will=action.with_will))
+            elif isinstance(action, Deny):
+                self._chain(action.client, self._command("deny", client=action.client,
+                                                         mode="session"))
+            elif isinstance(action, Admit):
+                self._chain(action.client, self._command("admit", client=action.client))
+            elif isinstance(action, Materialize):
+                self._chain(action.record.client, self._materialize(action))
+            elif isinstance(action, Drain):
+                self._chain(action.client, self._drain(action))
+            elif isinstance(action, Discard):
+                self._chain(action.client, self._discard(action.client))
+            elif isinstance(action, Forget):
+                self.store.forget(action.clients)
+            else:  # pragma: no cover - a new action type must be wired here
+                raise TypeError(f"unhandled action {action!r}")
+        if publish:
+            self.store.save(publish)
+            frames = list(wire.records_frames(publish))
+            for peer in self.peers():
+                for data in frames:
+                    self._send(peer, data)
+
+    def _send(self, peer: str, data: bytes, reply: bool = False) -> bool:
+        sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        if sent:
+            self.counters["frames_out"] += 1
+        return bool(sent)
+
+    def _chain(self, client: str, coro: Awaitable[None]) -> None:
+        """Run `coro` after every earlier operation of `client`."""
+        before = self._chains.get(client)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._chains[client] = task
+        task.add_done_callback(lambda t: self._chains.get(client) is t
+                               and self._chains.pop(client, None))
+
+    async def _command(self, cmd: str, **fields: Any) -> None:
+        try:
+            await self.request(cmd, **fields)
+        except Exception as exc:  # the plugin refused, or the link is down (it re-syncs)
+            self.counters["commands_failed"] += 1
+            log.info("session command failed", extra={"cmd": cmd, "error": str(exc),
+                                                      "client": fields.get("client")})
+
+    async def _materialize(self, action: Materialize) -> None:
+        record = action.record
+        started = time.monotonic()
+        try:
+            await self.shadows.materialize(record.client, record.subscriptions, record.expiry)
+        except Exception as exc:
+            log.warning("making a session here failed: %s", exc,
+                        extra={"client": record.client})
+            self._run(self.registry.on_materialized(record.client, False, _wall_ms()))
+            return
+        self.handover_ms.append((time.monotonic() - started) * 1000)
+        self._run(self.registry.on_materialized(record.client, True, _wall_ms()))
+
+    async def _drain(self, action: Drain) -> None:
+        ok = False
+        try:
+            shadow = await self.shadows.drain(action.client, action.subscriptions)
+        except Exception as exc:
+            log.warning("draining a session failed: %s", exc, extra={"client": action.client})
+        else:
+            try:
+                ok = await self._hand_over(action.client, action.owner,
+                                           [q for _, q in shadow.messages])
+            finally:
+                await self.shadows.finish(shadow, ok)
+        self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
+
+    async def _hand_over(self, client: str, owner: str, queued: list) -> bool:
+        if not queued:
+            return True
+        exchange = next(self._exchanges)
+        hlc = self.clock.now(_wall_ms()).pack()
+        envs = [Envelope(self.node_id, self.incarnation, next(self._seq), hlc, q.topic,
+                         q.payload, q.qos, False, q.properties) for q in queued]
+        fut = asyncio.get_running_loop().create_future()
+        self._backlog_acks[(client, exchange)] = fut
+        try:
+            if not self._send(owner, wire.backlog_frame(client, exchange, envs)):
+                raise ConnectionError(f"no stream to {owner}")
+            ok = await asyncio.wait_for(fut, BACKLOG_TIMEOUT)
+        except Exception as exc:
+            log.warning("handing a session's messages over failed: %s", exc,
+                        extra={"client": client, "owner": owner, "messages": len(envs)})
+            ok = False
+        finally:
+            self._backlog_acks.pop((client, exchange), None)
+        self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
+        return ok
+
+    async def _receive_backlog(self, peer: str, msg: peer_pb2.SessionBacklog,
+                               inbound: bool) -> None:
+        ok = True
+        for env in wire.backlog_from(msg):
+            try:
+                await self.request("deliver", client=msg.client, topic=env.topic,
+                                   payload=env.payload, qos=env.qos, properties=env.properties)
+            except Exception as exc:
+                log.warning("delivering a session's messages failed: %s", exc,
+                            extra={"client": msg.client})
+                ok = False
+                break
+            self.counters["backlog_received"] += 1
+        self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
+
+    async def _discard(self, client: str) -> None:
+        try:
+            await self.shadows.discard(client)
+        except Exception as exc:
+            log.warning("deleting a session failed: %s", exc, extra={"client": client})
+            self._run(self.registry.on_discarded(client, False, _wall_ms()))
+            return
+        self._run(self.registry.on_discarded(client, True, _wall_ms()))
+
+    async def _deliver_marker(self, client: str, topic: str, payload: bytes) -> None:
+        # QoS 2 like the slowest queued message: paho hands a QoS 2 message over at its
+        # PUBREL, so a QoS 1 marker could overtake QoS 2 messages queued before it
+        await self.request("deliver", client=client, topic=topic, payload=payload, qos=2)
+
+    # ---- views ---------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {**self.registry.status(_wall_ms()), **self.counters}
+
+    def sessions(self, client: str | None = None) -> list[dict[str, Any]]:
+        """Records for `ctl sessions` (all, or one client id)."""
+        now = _wall_ms()
+        out = []
+        for r in self.registry.records.values():
+            if client is not None and r.client != client:
+                continue
+            out.append({"client": r.client, "owner": r.owner, "online": r.online,
+                        "persistent": r.persistent, "deleted": r.deleted,
+                        "expiry": r.expiry, "protocol": r.protocol,
+                        "expires_in_s": None if r.expires_at_ms() is None
+                        else max(0, (r.expires_at_ms() - now) // 1000),
+                        "subscriptions": dict(r.subscriptions),
+                        "here": self.registry.presence.get(r.client)})
+        return out

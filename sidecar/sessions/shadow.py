@@ -1,0 +1,245 @@
+"""Shadow connections: the sidecar acting as a client on its own Mosquitto (adapter).
+
+A plugin cannot create a session, so the sidecar makes one the MQTT way: it connects over the
+private socket with the client's id and the sidecar's username and secret (the plugin knows
+such a connection as a shadow: docs/plugin-protocol.md), subscribes, and leaves. MQTT's own
+takeover then hands that session to the real client (session present).
+
+- `materialize`: make a session with the given subscriptions and expiry;
+- `drain`: resume the session, take every message Mosquitto queued for it (up to a marker the
+  caller has delivered behind them), and leave it to `finish`: deleted (expiry 0) once another
+  node holds the messages, or kept, unacknowledged, to try again;
+- `discard`: delete the session (a clean start with expiry 0; an offline session is never
+  kicked, a use-after-free in Mosquitto 2.0.11).
+
+Shadows never reconnect by themselves: one that did would take the session back from its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from sidecar.local.forward_client import from_paho_properties
+from sidecar.local.protocol import SESSION_EXPIRY_NEVER, SIDECAR_USERNAME
+from sidecar.message import MessageProperties
+
+MARKER_TOPIC = "$SYS/broker/mqfed/drain-marker"
+TIMEOUT = 5.0
+
+
+class ShadowError(RuntimeError):
+    """A shadow connection failed; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One message Mosquitto had queued for the session."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    properties: MessageProperties
+
+
+class Shadow:
+    """One connection as client `client_id` (paho's thread bridged to asyncio)."""
+
+    def __init__(self, socket_path: Path, secret: str, client_id: str) -> None:
+        self.socket_path = socket_path
+        self.client_id = client_id
+        self._loop = asyncio.get_running_loop()
+        self._connack: asyncio.Future = self._loop.create_future()
+        self._acks: dict[int, asyncio.Future] = {}
+        self.messages: list[tuple[mqtt.MQTTMessage, Queued]] = []
+        self.arrived = asyncio.Event()
+        self._client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+            protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=False,
+            manual_ack=True)
+        self._client.username_pw_set(SIDECAR_USERNAME, secret)
+        self._client.on_connect = self._on_connect
+        self._client.on_subscribe = self._on_ack
+        self._client.on_unsubscribe = self._on_ack
+        self._client.on_message = self._on_message
+        self._client.on_disconnect = self._on_disconnect
+
+    # ---- paho thread ---------------------------------------------------------------------
+    def _call(self, fn: Callable[[], object]) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        def done() -> None:
+            if self._connack.done():
+                return
+            if reason_code.is_failure:
+                self._connack.set_exception(ShadowError(f"CONNACK {reason_code}"))
+            else:
+                self._connack.set_result(bool(flags.session_present))
+        self._call(done)
+
+    def _on_ack(self, client, userdata, mid, reason_codes, properties) -> None:
+        codes = [int(rc.value) for rc in reason_codes] if isinstance(reason_codes, list) else []
+
+        def done() -> None:
+            fut = self._acks.pop(mid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(codes)
+        self._call(done)
+
+    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        props, _ = from_paho_properties(getattr(msg, "properties", None))
+        item = (msg, Queued(msg.topic, msg.payload, msg.qos, props))
+
+        def add() -> None:
+            self.messages.append(item)
+            self.arrived.set()
+        self._call(add)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        def done() -> None:
+            if not self._connack.done():
+                self._connack.set_exception(ShadowError(f"closed before CONNACK: {reason_code}"))
+        self._call(done)
+
+    # ---- asyncio -------------------------------------------------------------------------
+    async def connect(self, clean_start: bool, expiry: int, receive_maximum: int = 0) -> bool:
+        """Connect; returns session present."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = expiry
+        if receive_maximum:
+            props.ReceiveMaximum = receive_maximum
+        try:
+            self._client.connect(str(self.socket_path), port=1883, keepalive=30,
+                                 clean_start=clean_start, properties=props)
+        except OSError as exc:
+            raise ShadowError(f"cannot reach {self.socket_path}: {exc}") from None
+        self._client.loop_start()
+        try:
+            return await asyncio.wait_for(self._connack, TIMEOUT)
+        except TimeoutError:
+            raise ShadowError("no CONNACK") from None
+
+    async def _await_ack(self, send: Callable[[], tuple[int, int]], what: str) -> list[int]:
+        fut = self._loop.create_future()
+        rc, mid = send()
+        if rc != mqtt.MQTT_ERR_SUCCESS:
+            raise ShadowError(f"{what} not sent ({rc})")
+        self._acks[mid] = fut
+        try:
+            return await asyncio.wait_for(fut, TIMEOUT)
+        except TimeoutError:
+            raise ShadowError(f"no {what.upper()}ACK") from None
+
+    async def subscribe(self, subscriptions: dict[str, int]) -> None:
+        """Subscribe to every filter (at most 100 per SUBSCRIBE); refused ones raise."""
+        items = list(subscriptions.items())
+        for i in range(0, len(items), 100):
+            chunk = items[i:i + 100]
+            codes = await self._await_ack(lambda c=chunk: self._client.subscribe(c), "sub")
+            refused = [f for (f, _), code in zip(chunk, codes, strict=False) if code >= 0x80]
+            if refused or len(codes) != len(chunk):
+                raise ShadowError(f"subscriptions refused: {refused[:5]}")
+
+    async def unsubscribe(self, filters: list[str]) -> None:
+        """Unsubscribe from every filter (at most 100 per UNSUBSCRIBE)."""
+        for i in range(0, len(filters), 100):
+            chunk = filters[i:i + 100]
+            await self._await_ack(lambda c=chunk: self._client.unsubscribe(c), "unsub")
+
+    async def wait_for(self, topic: str, payload: bytes, timeout: float = TIMEOUT) -> None:
+        """Until the message `topic`/`payload` arrived (the marker behind the queue)."""
+        deadline = self._loop.time() + timeout
+        while not any(m.topic == topic and m.payload == payload for m, _ in self.messages):
+            self.arrived.clear()
+            left = deadline - self._loop.time()
+            if left <= 0:
+                raise ShadowError("the drain marker did not arrive")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), left)
+
+    def ack_all(self) -> None:
+        for msg, _ in self.messages:
+            if msg.qos:
+                self._client.ack(msg.mid, msg.qos)
+
+    async def disconnect(self, expiry: int | None = None) -> None:
+        """Leave; with `expiry` (e.g. 0: delete the session) set in the DISCONNECT."""
+        props = None
+        if expiry is not None:
+            props = Properties(PacketTypes.DISCONNECT)
+            props.SessionExpiryInterval = expiry
+        self._client.disconnect(properties=props)
+        await asyncio.get_running_loop().run_in_executor(None, self._client.loop_stop)
+
+
+_markers = itertools.count(1)
+
+
+class Shadows:
+    """The shadow operations of one node."""
+
+    def __init__(self, socket_path: Path, secret: str,
+                 deliver_marker: Callable[[str, str, bytes], Awaitable[None]]) -> None:
+        self.socket_path = socket_path
+        self.secret = secret
+        self.deliver_marker = deliver_marker  # (client, topic, payload): a targeted delivery
+
+    async def materialize(self, client: str, subscriptions: dict[str, int],
+                          expiry: int | None) -> None:
+        """Make `client`'s session here; raises ShadowError."""
+        shadow = Shadow(self.socket_path, self.secret, client)
+        try:
+            await shadow.connect(False, _expiry(expiry))
+            await shadow.subscribe(subscriptions)
+        finally:
+            await shadow.disconnect()
+
+    async def drain(self, client: str, filters: tuple[str, ...]) -> Shadow:
+        """Resume `client`'s session, end its subscriptions `filters` (its client has them
+        on its new node) and take what it queued; the caller hands the messages over, then
+        calls `finish`."""
+        shadow = Shadow(self.socket_path, self.secret, client)
+        try:
+            await shadow.connect(False, SESSION_EXPIRY_NEVER, receive_maximum=65535)
+            await shadow.unsubscribe(list(filters))
+            payload = f"{client}:{next(_markers)}".encode()
+            await self.deliver_marker(client, MARKER_TOPIC, payload)
+            await shadow.wait_for(MARKER_TOPIC, payload)
+        except BaseException:
+            await shadow.disconnect()
+            raise
+        shadow.messages = [(m, q) for m, q in shadow.messages
+                           if not (m.topic == MARKER_TOPIC)]
+        return shadow
+
+    @staticmethod
+    async def finish(shadow: Shadow, handed_over: bool) -> None:
+        """Delete the drained session (its messages are elsewhere now), or leave it as it
+        was, messages unacknowledged, to drain again later."""
+        if handed_over:
+            shadow.ack_all()
+            await shadow.disconnect(expiry=0)
+        else:
+            await shadow.disconnect()
+
+    async def discard(self, client: str) -> None:
+        """Delete `client`'s session here."""
+        shadow = Shadow(self.socket_path, self.secret, client)
+        try:
+            await shadow.connect(True, 0)
+        finally:
+            await shadow.disconnect()
+
+
+def _expiry(expiry: int | None) -> int:
+    return SESSION_EXPIRY_NEVER if expiry is None else min(expiry, SESSION_EXPIRY_NEVER)

@@ -1,0 +1,67 @@
+"""`SqliteSessionStore`: the node's durable copy of the session registry (adapter).
+
+One row per client id, written when its record changes (O(1) per change)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+from sidecar.sessions.record import SessionRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    client TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    connect_hlc INTEGER NOT NULL,
+    change_hlc INTEGER NOT NULL,
+    protocol TEXT NOT NULL,
+    expiry INTEGER,
+    fresh INTEGER NOT NULL,
+    online INTEGER NOT NULL,
+    since_ms INTEGER NOT NULL,
+    deleted INTEGER NOT NULL,
+    subscriptions TEXT NOT NULL
+)
+"""
+
+
+class SqliteSessionStore:
+    """Records by client id."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(_SCHEMA)
+
+    def load(self) -> list[SessionRecord]:
+        rows = self._db.execute("SELECT client, owner, connect_hlc, change_hlc, protocol, "
+                                "expiry, fresh, online, since_ms, deleted, subscriptions "
+                                "FROM sessions")
+        return [SessionRecord(c, o, ch, vh, p, e, bool(f), bool(on), s, bool(d),
+                              dict(json.loads(subs)))
+                for c, o, ch, vh, p, e, f, on, s, d, subs in rows]
+
+    def save(self, records: Iterable[SessionRecord]) -> None:
+        rows = [(r.client, r.owner, r.connect_hlc, r.change_hlc, r.protocol, r.expiry,
+                 int(r.fresh), int(r.online), r.since_ms, int(r.deleted),
+                 json.dumps(r.subscriptions)) for r in records]
+        if rows:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO sessions VALUES "
+                                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+
+    def forget(self, clients: Iterable[str]) -> None:
+        rows = [(c,) for c in clients]
+        if rows:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM sessions WHERE client = ?", rows)
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,61 @@
+"""Conversions between session records and `peer.proto` frames (adapter helpers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from sidecar._proto import peer_pb2
+from sidecar.peering.envelopes import decode_envelope, encode_envelope
+from sidecar.routing.forwarder import Envelope
+from sidecar.sessions.record import SessionRecord
+
+RECORDS_PER_FRAME = 500
+
+
+def record_to_proto(r: SessionRecord) -> peer_pb2.SessionRecord:
+    return peer_pb2.SessionRecord(
+        client=r.client, owner=r.owner, connect_hlc=r.connect_hlc, change_hlc=r.change_hlc,
+        protocol=r.protocol, session_expiry=r.expiry, fresh=r.fresh, online=r.online,
+        since_ms=r.since_ms, deleted=r.deleted,
+        subscriptions=[peer_pb2.SessionSubscription(filter=f, qos=q)
+                       for f, q in r.subscriptions.items()])
+
+
+def record_from_proto(m: peer_pb2.SessionRecord) -> SessionRecord:
+    return SessionRecord(
+        m.client, m.owner, m.connect_hlc, m.change_hlc, m.protocol or "mqtt5",
+        m.session_expiry if m.HasField("session_expiry") else None, m.fresh, m.online,
+        m.since_ms, m.deleted, {s.filter: s.qos for s in m.subscriptions})
+
+
+def records_frames(records: Iterable[SessionRecord], snapshot: bool = False) -> Iterator[bytes]:
+    """`Frame{session_records}`s of at most RECORDS_PER_FRAME records each."""
+    batch: list[peer_pb2.SessionRecord] = []
+    for r in records:
+        batch.append(record_to_proto(r))
+        if len(batch) == RECORDS_PER_FRAME:
+            yield _records(batch, snapshot)
+            batch = []
+    if batch:
+        yield _records(batch, snapshot)
+
+
+def _records(batch: list[peer_pb2.SessionRecord], snapshot: bool) -> bytes:
+    return peer_pb2.Frame(session_records=peer_pb2.SessionRecords(
+        records=batch, snapshot=snapshot)).SerializeToString()
+
+
+def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope]) -> bytes:
+    msg = peer_pb2.SessionBacklog(client=client, exchange=exchange)
+    for env in envelopes:
+        msg.envelopes.add().ParseFromString(encode_envelope(env))
+    return peer_pb2.Frame(session_backlog=msg).SerializeToString()
+
+
+def backlog_from(msg: peer_pb2.SessionBacklog) -> list[Envelope]:
+    return [decode_envelope(e) for e in msg.envelopes]
+
+
+def backlog_ack_frame(client: str, exchange: int, ok: bool) -> bytes:
+    return peer_pb2.Frame(session_backlog_ack=peer_pb2.SessionBacklogAck(
+        client=client, exchange=exchange, ok=ok)).SerializeToString()

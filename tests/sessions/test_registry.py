@@ -1,0 +1,172 @@
+"""The session registry core: replication, takeover, resume elsewhere, discard, deny list."""
+
+from __future__ import annotations
+
+from sidecar.sessions.record import SessionRecord
+from sidecar.sessions.registry import (
+    SHADOW_USERNAME,
+    Admit,
+    Deny,
+    Discard,
+    Drain,
+    Kick,
+    Materialize,
+    Publish,
+    SessionRegistry,
+)
+
+
+class Cluster:
+    """Registries of nodes n1..nN; every Publish is delivered to the others at once."""
+
+    def __init__(self, n: int = 3) -> None:
+        self.nodes = {f"n{i}": SessionRegistry(f"n{i}") for i in range(1, n + 1)}
+        self.now = 1_000_000
+        self.actions: dict[str, list] = {k: [] for k in self.nodes}
+
+    def run(self, node: str, actions: list) -> None:
+        pending = [(node, actions)]
+        while pending:
+            at, acts = pending.pop(0)
+            self.actions[at] += [a for a in acts if not isinstance(a, Publish)]
+            for a in acts:
+                if isinstance(a, Publish):
+                    for other, reg in self.nodes.items():
+                        if other != at:
+                            pending.append((other, reg.on_remote([a.record], self.now)))
+
+    def take(self, node: str, kind: type) -> list:
+        got = [a for a in self.actions[node] if isinstance(a, kind)]
+        self.actions[node] = [a for a in self.actions[node] if not isinstance(a, kind)]
+        return got
+
+    def connect(self, node: str, client: str, clean: bool = False, expiry: int | None = 600,
+                present: bool = False, username: str | None = None) -> None:
+        self.now += 10
+        self.run(node, self.nodes[node].on_connect(client, username, "mqtt5", clean, expiry,
+                                                   present, self.now))
+
+    def disconnect(self, node: str, client: str, kept: bool = True, expiry: int = 600) -> None:
+        self.now += 10
+        self.run(node, self.nodes[node].on_disconnect(client, False, kept, expiry, self.now))
+
+
+def test_a_connect_is_known_everywhere_and_denied_elsewhere():
+    c = Cluster()
+    c.connect("n1", "dev", clean=True)
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    for node in ("n2", "n3"):
+        rec = c.nodes[node].records["dev"]
+        assert (rec.owner, rec.online, rec.subscriptions) == ("n1", True, {"a/#": 1})
+        assert c.take(node, Deny) == [Deny("dev")]
+    assert c.take("n1", Deny) == []
+
+
+def test_resume_elsewhere_materializes_then_drains_the_old_owner():
+    c = Cluster()
+    c.connect("n1", "dev", clean=True)
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.disconnect("n1", "dev")
+    # the client tries n3: denied there, so n3 makes the session first
+    n3 = c.nodes["n3"]
+    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    [mat] = c.take("n3", Materialize)
+    assert mat.record.subscriptions == {"a/#": 1}
+    c.connect("n3", "dev", username=SHADOW_USERNAME)  # the shadow connects, subscribes
+    c.run("n3", n3.on_subscribe("dev", "a/#", 1, c.now))  # (ignored: not the client)
+    c.run("n3", n3.on_disconnect("dev", False, True, 600, c.now))
+    c.run("n3", n3.on_materialized("dev", True, c.now))
+    assert c.take("n3", Admit) == [Admit("dev")]
+    c.connect("n3", "dev", present=True)
+    assert n3.records["dev"].subscriptions == {"a/#": 1}
+    assert not n3.records["dev"].fresh
+    assert c.take("n1", Drain) == [Drain("dev", "n3", ("a/#",))]
+    assert c.take("n2", Drain) == [] and c.take("n2", Discard) == []
+    c.run("n1", c.nodes["n1"].on_drained("dev", True, c.now))
+    assert c.take("n1", Deny) == [Deny("dev")]
+    assert n3.counters["moves"] == 1
+
+
+def test_a_newer_connect_elsewhere_kicks_without_will_when_the_session_moves():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.take("n2", Deny)
+    c.connect("n2", "dev", present=True)
+    assert c.take("n1", Kick) == [Kick("dev", with_will=False)]
+    assert c.take("n1", Drain) == [Drain("dev", "n2")]
+
+
+def test_takeover_of_a_non_persistent_session_sends_the_will():
+    c = Cluster()
+    c.connect("n1", "dev", clean=True, expiry=0)
+    c.connect("n2", "dev", clean=True, expiry=0)
+    assert c.take("n1", Kick) == [Kick("dev", with_will=True)]
+    assert c.take("n1", Drain) == [] and c.take("n1", Discard) == []
+
+
+def test_clean_start_elsewhere_discards_the_old_session():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    c.connect("n2", "dev", clean=True)
+    assert c.take("n1", Discard) == [Discard("dev")]
+    assert c.take("n1", Drain) == []
+
+
+def test_simultaneous_connects_settle_on_the_latest_everywhere():
+    c = Cluster()
+    a = c.nodes["n1"].on_connect("dev", None, "mqtt5", False, 60, False, 5_000_000)
+    b = c.nodes["n2"].on_connect("dev", None, "mqtt5", False, 60, False, 5_000_001)
+    c.run("n1", a)
+    c.run("n2", b)
+    owners = {n: r.records["dev"].owner for n, r in c.nodes.items()}
+    assert set(owners.values()) == {"n2"}
+    assert c.take("n1", Kick) and not c.take("n2", Kick)
+
+
+def test_an_expired_or_ended_session_is_not_denied_or_materialized():
+    c = Cluster()
+    c.connect("n1", "dev", expiry=5)
+    c.disconnect("n1", "dev", expiry=5)
+    n2 = c.nodes["n2"]
+    assert "dev" in n2.denied
+    later = c.now + 6_000
+    assert n2.on_connect_rejected("dev", "denied", later) == []
+    c.connect("n1", "gone", expiry=0, clean=True)
+    c.disconnect("n1", "gone", kept=False, expiry=0)
+    assert n2.records["gone"].deleted and "gone" not in n2.denied
+
+
+def test_an_unused_shadow_is_discarded_not_drained_when_the_client_goes_elsewhere():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    n3 = c.nodes["n3"]
+    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    c.take("n3", Materialize)
+    c.run("n3", n3.on_materialized("dev", True, c.now))
+    c.connect("n2", "dev", present=True)  # it resumed on n2 instead (n2 made it too)
+    assert c.take("n3", Discard) == [Discard("dev")]
+    assert c.take("n3", Drain) == []
+    assert c.take("n1", Drain) == [Drain("dev", "n2")]
+
+
+def test_older_records_never_replace_newer_ones():
+    reg = SessionRegistry("n1")
+    new = SessionRecord("dev", "n2", 10, 12, subscriptions={"a": 1})
+    old = SessionRecord("dev", "n3", 9, 20)
+    reg.on_remote([new], 0)
+    reg.on_remote([old], 0)
+    assert reg.records["dev"] == new
+
+
+def test_a_failed_operation_is_retried_after_a_pause():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.connect("n2", "dev", present=True)
+    n1 = c.nodes["n1"]
+    c.take("n1", Kick)
+    [drain] = c.take("n1", Drain)
+    c.run("n1", n1.on_drained("dev", False, c.now))
+    assert n1.on_tick(c.now + 10) == []
+    assert n1.on_tick(c.now + 2_000) == [drain]
