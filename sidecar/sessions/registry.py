@@ -60,6 +60,15 @@ class Admit:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """`on`: the offline session of `client` here queues nothing more (its client is served
+    elsewhere now); off: it may again."""
+
+    client: str
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Materialize:
     """Make `record`'s session here (a shadow connection with its subscriptions); report with
     `on_materialized`."""
@@ -93,7 +102,7 @@ class Forget:
     clients: tuple[str, ...]
 
 
-Action = Publish | Kick | Deny | Admit | Materialize | Drain | Discard | Forget
+Action = Publish | Kick | Deny | Admit | Hold | Materialize | Drain | Discard | Forget
 
 
 @dataclass
@@ -108,6 +117,7 @@ class SessionRegistry:
     # itself used it here: a drain hands over only such a session; an unused shadow is deleted)
     held: dict[str, tuple[int, bool]] = field(default_factory=dict)
     denied: set[str] = field(default_factory=set)
+    holding: set[str] = field(default_factory=set)
     busy: dict[str, str] = field(default_factory=dict)  # client -> operation in progress
     failed: dict[str, int] = field(default_factory=dict)  # client -> when to try again (ms)
     counters: dict[str, int] = field(default_factory=lambda: {
@@ -130,7 +140,7 @@ class SessionRegistry:
         self.held[client] = (hlc, True)
         if old is not None and old.owner != self.node_id and session_present:
             self.counters["moves"] += 1
-        return self._store(record) + self._settle(client, now_ms)
+        return self._release(client) + self._store(record) + self._settle(client, now_ms)
 
     def on_subscribe(self, client: str, filter: str, qos: int, now_ms: int) -> list[Action]:
         return self._change_subs(client, now_ms, lambda subs: subs.__setitem__(filter, qos))
@@ -169,8 +179,12 @@ class SessionRegistry:
         if client is None or reason != "denied" or client in self.busy:
             return []
         record = self.records.get(client)
-        if record is None or not self._resumable(record, now_ms) or client in self.presence:
+        if record is None or not self._resumable(record, now_ms) or client in self.presence \
+                or record.owner == self.node_id:
             return []
+        # It queues from now on, while the node the client comes from still does: messages
+        # published until that node holds its copy reach the client twice (the handover
+        # window), but none that was routed to only one of the two is lost.
         self.busy[client] = "materialize"
         return [Materialize(record)]
 
@@ -205,18 +219,24 @@ class SessionRegistry:
 
     def _finished(self, client: str, ok: bool, now_ms: int, what: str) -> list[Action]:
         op = self.busy.pop(client, None)
+        out: list[Action] = []
         if ok:
             self.counters[what] += 1
             if op in ("drain", "discard") and self.presence.get(client) != "online":
                 self._forget(client)
+                out = self._release(client)
             elif op == "materialize" and self.presence.get(client) != "online":
                 record = self.records.get(client)
                 self.presence[client] = "session"
-                self.held[client] = (record.connect_hlc if record else 0, False)
+                # a session rebuilt for its owner is drained if the client moves on; one
+                # made ahead of a client that then went elsewhere only repeats what the
+                # client's owner queued: deleted
+                mine = record is not None and record.owner == self.node_id
+                self.held[client] = (record.connect_hlc if record else 0, mine)
         else:
             self.counters["failures"] += 1
             self.failed[client] = now_ms + RETRY_MS
-        return self._settle(client, now_ms)
+        return out + self._settle(client, now_ms)
 
     # ---- peers ---------------------------------------------------------------------------
     def on_remote(self, records: list[SessionRecord], now_ms: int) -> list[Action]:
@@ -285,6 +305,12 @@ class SessionRegistry:
         return self._store(replace(record, subscriptions=subs,
                                    change_hlc=self.clock.now(now_ms).pack()))
 
+    def _release(self, client: str) -> list[Action]:
+        if client not in self.holding:
+            return []
+        self.holding.discard(client)
+        return [Hold(client, False)]
+
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:
         """Drop what the local Mosquitto held for `client`; returns it."""
         return self.presence.pop(client, None), self.held.pop(client, (0, False))
@@ -311,15 +337,23 @@ class SessionRegistry:
             since, used = self.held.get(client, (0, False))
             gone = not self._resumable(record, now_ms)
             if record.connect_hlc > since or gone:  # it connected elsewhere since, or ended
+                if client not in self.holding:
+                    self.holding.add(client)
+                    out.append(Hold(client, True))
                 if used and not gone and not record.fresh:
                     self.busy[client] = "drain"
                     out.append(Drain(client, record.owner, tuple(record.subscriptions)))
                 else:
                     self.busy[client] = "discard"
                     out.append(Discard(client))
-        want_deny = (record is not None and record.owner != self.node_id and local is None
-                     and self._resumable(record, now_ms))
-        if want_deny and client not in self.denied and self.busy.get(client) != "materialize":
+        if record is not None and record.owner == self.node_id and local is None \
+                and client not in self.busy and self._resumable(record, now_ms):
+            # ours, but the local Mosquitto lost it (it restarted): make it again, queueing
+            self.busy[client] = "materialize"
+            out.append(Materialize(record))
+        want_deny = (record is not None and local is None and self._resumable(record, now_ms)
+                     and (record.owner != self.node_id or self.busy.get(client) == "materialize"))
+        if want_deny and client not in self.denied:
             self.denied.add(client)
             out.append(Deny(client))
         elif not want_deny and client in self.denied and \

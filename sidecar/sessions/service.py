@@ -36,6 +36,7 @@ from sidecar.sessions.registry import (
     Discard,
     Drain,
     Forget,
+    Hold,
     Kick,
     Materialize,
     Publish,
@@ -163,6 +164,9 @@ class SessionService:
                                                          mode="session"))
             elif isinstance(action, Admit):
                 self._chain(action.client, self._command("admit", client=action.client))
+            elif isinstance(action, Hold):
+                self._chain(action.client, self._command("hold", client=action.client,
+                                                         on=action.on))
             elif isinstance(action, Materialize):
                 self._chain(action.record.client, self._materialize(action))
             elif isinstance(action, Drain):

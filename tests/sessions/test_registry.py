@@ -9,6 +9,7 @@ from sidecar.sessions.registry import (
     Deny,
     Discard,
     Drain,
+    Hold,
     Kick,
     Materialize,
     Publish,
@@ -170,3 +171,33 @@ def test_a_failed_operation_is_retried_after_a_pause():
     c.run("n1", n1.on_drained("dev", False, c.now))
     assert n1.on_tick(c.now + 10) == []
     assert n1.on_tick(c.now + 2_000) == [drain]
+
+
+def test_the_old_owner_holds_its_copy_before_draining_it():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    n3 = c.nodes["n3"]
+    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    c.run("n3", n3.on_materialized("dev", True, c.now))
+    c.connect("n3", "dev", present=True)
+    assert c.take("n3", Hold) == []  # the new copy queues from the start: nothing lost
+    # the old owner holds its copy (queues nothing more) before draining it
+    assert c.take("n1", Hold) == [Hold("dev", True)]
+    c.run("n1", c.nodes["n1"].on_drained("dev", True, c.now))
+    assert c.take("n1", Hold) == [Hold("dev", False)]
+
+
+def test_the_owner_rebuilds_a_session_its_mosquitto_lost():
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.disconnect("n1", "dev")
+    n1 = c.nodes["n1"]
+    c.run("n1", n1.on_local_snapshot({}, set(), c.now))  # Mosquitto restarted: nothing
+    [mat] = c.take("n1", Materialize)
+    assert mat.record.subscriptions == {"a/#": 1}
+    assert c.take("n1", Deny) == [Deny("dev")]  # no false "no session" meanwhile
+    assert c.take("n1", Hold) == []  # it queues: it is the only copy
+    c.run("n1", n1.on_materialized("dev", True, c.now))
+    assert c.take("n1", Admit) == [Admit("dev")]

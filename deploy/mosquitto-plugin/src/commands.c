@@ -21,8 +21,17 @@ struct deny {
 	enum deny_mode mode;
 };
 
+/* A client id whose offline session here must queue nothing more (hold): its client
+ * connected on another node, which now gets its messages; this node hands over what the
+ * session had queued before. */
+struct hold {
+	UT_hash_handle hh;
+	char *id;
+};
+
 static unsigned snapshot_chunk;
 static struct deny *denies;
+static struct hold *holds;
 static uint64_t denied_connects;
 
 void commands_init(unsigned chunk)
@@ -61,12 +70,37 @@ static void deny_remove(struct deny *d)
 	free(d);
 }
 
+static struct hold *hold_find(const char *id)
+{
+	struct hold *h = NULL;
+
+	if(id == NULL || holds == NULL) return NULL;
+	HASH_FIND_STR(holds, id, h);
+	return h;
+}
+
+bool session_held(const char *id)
+{
+	return hold_find(id) != NULL;
+}
+
+static void hold_remove(struct hold *h)
+{
+	HASH_DEL(holds, h);
+	free(h->id);
+	free(h);
+}
+
 void commands_cleanup(void)
 {
 	struct deny *d, *tmp;
+	struct hold *h, *htmp;
 
 	HASH_ITER(hh, denies, d, tmp){
 		deny_remove(d);
+	}
+	HASH_ITER(hh, holds, h, htmp){
+		hold_remove(h);
 	}
 	denied_connects = 0;
 	snapshot_chunk = 0;
@@ -338,6 +372,32 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+static void cmd_hold(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const cJSON *on = cJSON_GetObjectItemCaseSensitive(req, "on");
+	struct hold *h;
+
+	if(client == NULL || !cJSON_IsBool(on)){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	h = hold_find(client);
+	if(cJSON_IsTrue(on) && h == NULL){
+		h = calloc(1, sizeof(*h));
+		if(h) h->id = strdup(client);
+		if(h == NULL || h->id == NULL){
+			free(h);
+			reply_error(rq, "internal");
+			return;
+		}
+		HASH_ADD_KEYPTR(hh, holds, h->id, strlen(h->id), h);
+	}else if(!cJSON_IsTrue(on) && h != NULL){
+		hold_remove(h);
+	}
+	reply_ok(rq);
+}
+
 static void cmd_admit(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
@@ -479,6 +539,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_deny(&rq, req);
 	}else if(streq(rq.cmd, "admit")){
 		cmd_admit(&rq, req);
+	}else if(streq(rq.cmd, "hold")){
+		cmd_hold(&rq, req);
 	}else if(streq(rq.cmd, "pressure")){
 		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "stats")){

@@ -304,11 +304,13 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	/* a shadow makes the subscriptions its client had on another node, where they were
 	 * checked; its session's queued messages are the client's: granted, and reported */
 	shadow = is_shadow(ed->client);
-	if(shadow && ed->access == MOSQ_ACL_READ && mosquitto__get_state
+	if(ed->access == MOSQ_ACL_READ && session_held(mosquitto_client_id(ed->client))
+			&& mosquitto__get_state
 			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED){
-		/* a session a shadow made here queues nothing until its client takes it over: the
-		 * node the client comes from queues for it meanwhile and hands that over (never
-		 * twice). Its client's own connect re-checks the queue as another context. */
+		/* An offline session the sidecar holds queues nothing (`hold`): its client is
+		 * served by another node, or a shadow made it here ahead of its client, while the
+		 * node the client comes from still queues for it (and hands that over: never
+		 * twice). A connect re-checks the queue as another context, so that passes. */
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
