@@ -122,6 +122,21 @@ class Answers:
                 subscriptions=len(table.subscriptions(client))))
         return rows[:_limit(query)]
 
+    def sessions(self, query: admin_pb2.Query) -> list[admin_pb2.Session]:
+        service = self.node.sessions
+        if service is None:
+            return []
+        rows = []
+        for r in sorted(service.sessions(query.client or None), key=lambda r: r["client"]):
+            rows.append(admin_pb2.Session(
+                node_id=self.node_id, client=r["client"], owner=r["owner"], online=r["online"],
+                persistent=r["persistent"],
+                session_expiry=-1 if r["expiry"] is None else r["expiry"],
+                expires_in_s=-1 if r["expires_in_s"] is None else r["expires_in_s"],
+                protocol=r["protocol"], subscriptions=len(r["subscriptions"]),
+                here=r["here"] or ""))
+        return rows[:_limit(query)]
+
     def retained(self, query: admin_pb2.Query) -> admin_pb2.RetainedReply:
         source = self.retained_source()
         items = source.retained(query.prefix, _limit(query))

@@ -102,6 +102,23 @@ def _clients(r: admin_pb2.ClientsReply, now: float) -> str:
                    c.subscriptions] for c in r.clients])
 
 
+def _sessions(r: admin_pb2.SessionsReply, now: float) -> str:
+    """One row per client id (the owner's view), with the nodes that hold a copy of it."""
+    by_client: dict[str, list[admin_pb2.Session]] = {}
+    for s in r.sessions:
+        by_client.setdefault(s.client, []).append(s)
+    rows = []
+    for client, views in sorted(by_client.items()):
+        best = next((v for v in views if v.node_id == v.owner), views[0])
+        held = ",".join(sorted(f"{v.node_id}:{v.here}" for v in views if v.here)) or "-"
+        expiry = "?" if best.session_expiry < 0 else best.session_expiry
+        left = "-" if best.expires_in_s < 0 else best.expires_in_s
+        rows.append([client, best.owner, _yes(best.online), _yes(best.persistent), expiry,
+                     left, best.protocol, best.subscriptions, held])
+    return table(["CLIENT", "OWNER", "ONLINE", "PERSISTENT", "EXPIRY", "EXPIRES IN", "PROTOCOL",
+                  "SUBSCRIPTIONS", "HELD ON"], rows)
+
+
 def _retained(r: admin_pb2.RetainedReply, now: float) -> str:
     rows = table(["TOPIC", "BYTES", "QOS", "ORIGIN", "NODE"],
                  [[e.topic, e.payload_bytes, e.qos, e.origin_node, e.node_id]
@@ -120,6 +137,7 @@ def _trace(r: admin_pb2.TraceReply, now: float) -> str:
 _RENDER = {admin_pb2.StatusReply: _status, admin_pb2.NodesReply: _nodes,
            admin_pb2.RoutesReply: _routes, admin_pb2.SubscriptionsReply: _subscriptions,
            admin_pb2.ClientsReply: _clients, admin_pb2.RetainedReply: _retained,
+           admin_pb2.SessionsReply: _sessions,
            admin_pb2.TraceReply: _trace}
 
 

@@ -199,6 +199,10 @@ class AdminServer:
         return await self._fanout("Clients", query, lambda: admin_pb2.ClientsReply(
             clients=self.answers.clients(query)))
 
+    async def _sessions(self, query: admin_pb2.Query) -> admin_pb2.SessionsReply:
+        return await self._fanout("Sessions", query, lambda: admin_pb2.SessionsReply(
+            sessions=self.answers.sessions(query)))
+
     async def _retained(self, query: admin_pb2.Query) -> admin_pb2.RetainedReply:
         if not query.nodes:
             query.local = True

@@ -26,6 +26,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("Routes", admin_pb2.Query, admin_pb2.RoutesReply, "routes"),
     Method("Subscriptions", admin_pb2.Query, admin_pb2.SubscriptionsReply, "subscriptions"),
     Method("Clients", admin_pb2.Query, admin_pb2.ClientsReply, "clients"),
+    Method("Sessions", admin_pb2.Query, admin_pb2.SessionsReply, "sessions"),
     Method("Retained", admin_pb2.Query, admin_pb2.RetainedReply, "entries"),
     Method("Trace", admin_pb2.TraceRequest, admin_pb2.TraceReply, "hops"),
     Method("TraceHops", admin_pb2.Query, admin_pb2.TraceHopsReply, "hops"),

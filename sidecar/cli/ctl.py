@@ -34,6 +34,7 @@ _QUERIES = {  # command -> (method, Query fields taken from the arguments)
     "routes": ("Routes", ("topic",)),
     "subscriptions": ("Subscriptions", ("client",)),
     "clients": ("Clients", ("client",)),
+    "sessions": ("Sessions", ("client",)),
     "retained": ("Retained", ("prefix",)),
 }
 
@@ -70,6 +71,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("clients", help="client sessions on every node")
     c.add_argument("--node", dest="only", action="append", default=[], help="node id")
     c.add_argument("--client", default="", help="one client id")
+    c = cmds.add_parser("sessions", help="the cluster's sessions: owner, online, expiry, and "
+                        "which nodes hold a copy")
+    c.add_argument("--client", default="", help="one client id")
+    c.add_argument("--node", dest="only", action="append", default=[],
+                   help="ask only this node (id); repeatable")
     c = cmds.add_parser("retained", help="retained messages (the replicated index)")
     c.add_argument("--prefix", default="", help="topic prefix")
     c.add_argument("--node", dest="only", action="append", default=[], help="node id")

@@ -49,6 +49,8 @@ class NodeCollector(Collector):
         yield from self._membership()
         if node.routing is not None:
             yield from self._routing()
+        if node.sessions is not None:
+            yield from self._cluster_sessions()
 
     def _plugin(self) -> Iterator[Metric]:
         s = self.node.stream.stats()
@@ -76,6 +78,37 @@ class NodeCollector(Collector):
                                 value=s["subscriptions"])
         yield GaugeMetricFamily("mqfed_interest_filters", "Distinct filters with local "
                                 "subscribers.", value=s["interest"])
+
+    def _cluster_sessions(self) -> Iterator[Metric]:
+        service = self.node.sessions
+        assert service is not None
+        st = service.status()
+        g = _gauge("sessions", "Sessions in the cluster's registry, as this node sees them.",
+                   ["state"])
+        g.add_metric(["online"], st["online"])
+        g.add_metric(["offline"], st["sessions"] - st["online"])
+        g.add_metric(["owned_here"], st["owned"])
+        yield g
+        yield CounterMetricFamily("mqfed_session_moves", "Sessions resumed here that another "
+                                  "node held.", value=st["moves"])
+        yield CounterMetricFamily("mqfed_session_takeovers", "Local connections closed because "
+                                  "their client id connected on another node.",
+                                  value=st["takeovers"])
+        moved = _counter("session_queued_messages", "Messages a moving session had queued "
+                         "on its old node, handed over to its new one, by outcome.", ["outcome"])
+        moved.add_metric(["sent"], st["backlog_sent"])
+        moved.add_metric(["received"], st["backlog_received"])
+        moved.add_metric(["failed"], st["backlog_failed"])
+        yield moved
+        ops = _counter("session_operations", "Shadow operations on this node's Mosquitto.",
+                       ["operation"])
+        for op in ("materialized", "drained", "discarded", "failures"):
+            ops.add_metric([op], st[op])
+        yield ops
+        buckets, total = service.handover_histogram()
+        yield HistogramMetricFamily("mqfed_session_handover_seconds", "Time to make a moving "
+                                    "session on this node (the client waits that long, plus "
+                                    "its reconnect delay).", buckets=buckets, sum_value=total)
 
     def _membership(self) -> Iterator[Metric]:
         m = self.node.membership

@@ -48,6 +48,7 @@ from sidecar.sessions.sqlite import SqliteSessionStore
 log = logging.getLogger("mqfed.sessions")
 
 BACKLOG_TIMEOUT = 10.0
+HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
 Request = Callable[..., Awaitable[Any]]
 
@@ -78,7 +79,8 @@ class SessionService:
         self._backlog_acks: dict[tuple[str, int], asyncio.Future] = {}
         self._seq = itertools.count(1)
         self._task: asyncio.Task | None = None
-        self.handover_ms: list[float] = []
+        self._handover = [0] * (len(HANDOVER_BUCKETS) + 1)  # per bucket, then beyond
+        self._handover_sum = 0.0
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0}
 
@@ -222,7 +224,10 @@ class SessionService:
                         extra={"client": record.client})
             self._run(self.registry.on_materialized(record.client, False, _wall_ms()))
             return
-        self.handover_ms.append((time.monotonic() - started) * 1000)
+        took = time.monotonic() - started
+        self._handover_sum += took
+        self._handover[next((i for i, le in enumerate(HANDOVER_BUCKETS) if took <= le),
+                            len(HANDOVER_BUCKETS))] += 1
         self._run(self.registry.on_materialized(record.client, True, _wall_ms()))
 
     async def _drain(self, action: Drain) -> None:
@@ -294,12 +299,21 @@ class SessionService:
     def status(self) -> dict[str, Any]:
         return {**self.registry.status(_wall_ms()), **self.counters}
 
+    def handover_histogram(self) -> tuple[list[tuple[str, int]], float]:
+        """Cumulative (le, count) buckets of the time to make a moving session, and their sum
+        (Prometheus histogram)."""
+        out, total = [], 0
+        for le, n in zip((*map(str, HANDOVER_BUCKETS), "+Inf"), self._handover, strict=True):
+            total += n
+            out.append((le, total))
+        return out, self._handover_sum
+
     def sessions(self, client: str | None = None) -> list[dict[str, Any]]:
         """Records for `ctl sessions` (all, or one client id)."""
         now = _wall_ms()
         out = []
         for r in self.registry.records.values():
-            if client is not None and r.client != client:
+            if (client is not None and r.client != client) or r.deleted:
                 continue
             out.append({"client": r.client, "owner": r.owner, "online": r.online,
                         "persistent": r.persistent, "deleted": r.deleted,

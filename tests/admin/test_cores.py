@@ -157,3 +157,21 @@ def test_health_answers() -> None:
 def test_parse_request() -> None:
     assert parse_request(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n") == ("GET", "/metrics")
     assert parse_request(b"garbage\r\n\r\n") is None
+
+
+def test_sessions_render_one_row_per_client_with_where_it_is_held() -> None:
+    reply = admin_pb2.SessionsReply(sessions=[
+        admin_pb2.Session(node_id="n1", client="dev", owner="n2", online=True, persistent=True,
+                          session_expiry=600, expires_in_s=-1, protocol="mqtt5",
+                          subscriptions=1, here=""),
+        admin_pb2.Session(node_id="n2", client="dev", owner="n2", online=True, persistent=True,
+                          session_expiry=600, expires_in_s=-1, protocol="mqtt5",
+                          subscriptions=2, here="online"),
+        admin_pb2.Session(node_id="n3", client="dev", owner="n2", online=True, persistent=True,
+                          session_expiry=600, expires_in_s=-1, protocol="mqtt5",
+                          subscriptions=1, here="session"),
+    ])
+    lines = render(reply, now=0).splitlines()
+    assert len(lines) == 2, lines
+    row = lines[1].split()
+    assert row[:3] == ["dev", "n2", "yes"] and row[-2:] == ["2", "n2:online,n3:session"]

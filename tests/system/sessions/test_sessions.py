@@ -42,6 +42,11 @@ def test_a_session_resumes_on_another_node_with_what_it_missed(shared_cluster, v
     publish(cluster.ports["n1"], topic, 10, start=200)  # its subscription is still there
     assert dev.wait_count(210)[200:] == list(range(200, 210))
     dev.leave()
+    if via == "direct":  # n3 made the session and received n1's queue
+        metrics = cluster.metrics("n3")
+        assert metrics[("mqfed_session_moves_total", ())] >= 1
+        assert metrics[("mqfed_session_queued_messages_total",
+                        (("outcome", "received"),))] >= 200
 
 
 def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
