@@ -145,6 +145,7 @@ def render(cfg: BrokerConfig) -> str:
         f"plugin_opt_sidecar_secret {cfg.secret}",
         f"plugin_opt_auth {'defer' if auth else 'grant'}",
         f"plugin_opt_acl {'defer' if acl else 'grant'}",
+        "plugin_opt_sessions_gate true",
     ]
     backlog_max = cfg.fwd_backlog_max or backlog_max_for(user.max_queued if user
                                                          else DEFAULT_MAX_QUEUED)

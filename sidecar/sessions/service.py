@@ -50,6 +50,7 @@ log = logging.getLogger("mqfed.sessions")
 BACKLOG_TIMEOUT = 10.0
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
+DETAIL_LIMIT = 1000
 Request = Callable[..., Awaitable[Any]]
 
 
@@ -75,6 +76,7 @@ class SessionService:
             self.registry.records[record.client] = record
         self.shadows = Shadows(socket_path, secret, self._deliver_marker)
         self._chains: dict[str, asyncio.Task] = {}
+        self._others: set[asyncio.Task] = set()
         self._exchanges = itertools.count(1)
         self._backlog_acks: dict[tuple[str, int], asyncio.Future] = {}
         self._seq = itertools.count(1)
@@ -89,7 +91,8 @@ class SessionService:
         self._task = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._chains.values()) if t is not None]
+        tasks = [t for t in (self._task, *self._chains.values(), *self._others)
+                 if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -132,6 +135,16 @@ class SessionService:
         sessions = {c.client for c in snapshot.clients
                     if not c.online and not c.client.startswith(DEFAULT_SIDECAR_ID)}
         self._run(self.registry.on_local_snapshot(online, sessions, _wall_ms()))
+        task = asyncio.get_running_loop().create_task(
+            self._open_gate(list(self._chains.values())))
+        self._others.add(task)
+        task.add_done_callback(self._others.discard)
+
+    async def _open_gate(self, pending: list[asyncio.Task]) -> None:
+        """Once the deny list and this node's own sessions are in place, let connects that
+        resume a session in (the plugin's gate, closed at every Mosquitto start)."""
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self._command("open_sessions")
 
     # ---- inputs: peers -------------------------------------------------------------------
     def on_peer_up(self, peer: str) -> None:
@@ -297,7 +310,12 @@ class SessionService:
 
     # ---- views ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        return {**self.registry.status(_wall_ms()), **self.counters}
+        """Counts (and, up to DETAIL_LIMIT records, the client ids with a live session)."""
+        out: dict[str, Any] = {**self.registry.status(_wall_ms()), **self.counters}
+        records = self.registry.records
+        if len(records) <= DETAIL_LIMIT:
+            out["clients"] = sorted(c for c, r in records.items() if not r.deleted)
+        return out
 
     def handover_histogram(self) -> tuple[list[tuple[str, int]], float]:
         """Cumulative (le, count) buckets of the time to make a moving session, and their sum

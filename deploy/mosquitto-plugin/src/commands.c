@@ -30,13 +30,23 @@ struct hold {
 };
 
 static unsigned snapshot_chunk;
+/* Closed (option sessions_gate): every connect that would resume a session is closed without
+ * a CONNACK until the sidecar, in sync, has put the sessions held elsewhere on the deny list
+ * and made the ones this node owns (`open_sessions`): a restarted Mosquitto has none. */
+static bool gate_closed;
 static struct deny *denies;
 static struct hold *holds;
 static uint64_t denied_connects;
 
-void commands_init(unsigned chunk)
+void commands_init(unsigned chunk, bool sessions_gate)
 {
 	snapshot_chunk = chunk;
+	gate_closed = sessions_gate;
+}
+
+bool sessions_gate_closed(void)
+{
+	return gate_closed;
 }
 
 /* ---- deny list ------------------------------------------------------------------------- */
@@ -104,6 +114,7 @@ void commands_cleanup(void)
 	}
 	denied_connects = 0;
 	snapshot_chunk = 0;
+	gate_closed = false;
 }
 
 /* ---- replies --------------------------------------------------------------------------- */
@@ -541,6 +552,9 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_admit(&rq, req);
 	}else if(streq(rq.cmd, "hold")){
 		cmd_hold(&rq, req);
+	}else if(streq(rq.cmd, "open_sessions")){
+		gate_closed = false;
+		reply_ok(&rq);
 	}else if(streq(rq.cmd, "pressure")){
 		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "stats")){

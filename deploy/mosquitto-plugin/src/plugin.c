@@ -27,6 +27,7 @@ struct module_opts {
 	unsigned snapshot_chunk;
 	uint64_t fwd_q2_max;
 	uint64_t fwd_backlog_max;
+	bool sessions_gate;
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -103,6 +104,7 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->snapshot_chunk = 500;
 	mo->fwd_q2_max = 65535;
 	mo->fwd_backlog_max = 0;
+	mo->sessions_gate = false;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -131,6 +133,13 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			mo->snapshot_chunk = (unsigned)v;
 		}else if(streq(k, "fwd_qos2_max")){
 			if(parse_u64(k, val, 1, 1000000, &mo->fwd_q2_max)) return -1;
+		}else if(streq(k, "sessions_gate")){
+			if(!streq(val, "true") && !streq(val, "false")){
+				mosquitto_log_printf(MOSQ_LOG_ERR,
+						"mqfed: plugin_opt_sessions_gate must be true or false, not '%s'", val);
+				return -1;
+			}
+			mo->sessions_gate = streq(val, "true");
 		}else if(streq(k, "fwd_backlog_max")){
 			if(parse_u64(k, val, 0, UINT32_MAX, &mo->fwd_backlog_max)) return -1;
 		}else{
@@ -382,6 +391,11 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		pending_add(client, id, ed->username);
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(sessions_gate_closed() && !mosquitto_client_clean_session(client)){
+		/* sessions not offered yet (commands.c): a retriable network failure */
+		emit_connect_rejected(id, ed->username, "starting");
+		return MOSQ_ERR_UNKNOWN;
+	}
 	if(deny_connect(id, mosquitto_client_clean_session(client), &refuse)){
 		emit_connect_rejected(id, ed->username, "denied");
 		/* refuse: CONNACK "not authorized". retry: any other error closes the socket without a
@@ -585,7 +599,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	}
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
 	shed_init(mo.fwd_backlog_max);
-	commands_init(mo.snapshot_chunk);
+	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
 	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,

@@ -25,3 +25,15 @@ def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield _start(path, 3)
     finally:
         _finish(path, failed=request.session.testsfailed > failed_before)
+
+
+@pytest.fixture
+def own_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A 3-node cluster for one test that changes it (kills, adds nodes)."""
+    _need_plugin()
+    failed_before = request.session.testsfailed
+    path = _new_run_dir()
+    try:
+        yield _start(path, 3)
+    finally:
+        _finish(path, failed=request.session.testsfailed > failed_before)
