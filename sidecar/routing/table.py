@@ -180,6 +180,10 @@ class SubscriptionTable:
         """Every key held by a session, with the number of sessions holding it."""
         return {key: sum(counts) for key, counts in self._qos_counts.items()}
 
+    def interest_count(self) -> int:
+        """How many keys are held (O(1))."""
+        return len(self._qos_counts)
+
     def max_qos(self, key: InterestKey) -> int:
         """The highest granted QoS among the sessions holding `key`; KeyError if none does."""
         counts = self._qos_counts[key]
