@@ -64,6 +64,9 @@ from sidecar.routing.table import InterestChange, SubscriptionTable
 log = logging.getLogger("mqfed.routing")
 
 BATCH_BYTES = 1 << 20
+INTEREST_LINGER = 0.01  # seconds: interest deltas go at most this often, so a burst of
+# subscriptions becomes a few large deltas (per-frame costs dominate small ones); a change
+# after a quiet moment goes at once
 PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
 # (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
@@ -107,6 +110,7 @@ class RoutingService:
         self.lag = InterestLag()
         self._interest_changes: list[InterestChange] = []
         self._interest_due = False
+        self._interest_sent_at = 0.0
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
         self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
@@ -219,18 +223,24 @@ class RoutingService:
 
     # ---- local interest → peers ----------------------------------------------------------
     def on_interest_changes(self, changes: list[InterestChange]) -> None:
-        """Table changes: coalesced until this loop iteration ends (a read of plugin events
-        becomes one delta, or a few of `CHUNK_KEYS`), then sent to every peer."""
+        """Table changes: coalesced until this loop iteration ends, or `INTEREST_LINGER` after
+        the last delta went (a burst becomes a few deltas of up to `CHUNK_KEYS` keys), then sent
+        to every peer."""
         # $SYS topics describe each broker itself: a $SYS subscriber sees its own node's
         self._interest_changes.extend(c for c in changes if not c.key.filter.startswith("$SYS"))
         if not self._interest_due:
             self._interest_due = True
-            asyncio.get_running_loop().call_soon(self._send_interest)
+            wait = self._interest_sent_at + INTEREST_LINGER - time.monotonic()
+            loop = asyncio.get_running_loop()
+            if wait > 0:
+                loop.call_later(wait, self._send_interest)
+            else:
+                loop.call_soon(self._send_interest)
 
     def _send_interest(self) -> None:
         self._interest_due = False
         changes, self._interest_changes = self._interest_changes, []
-        now = time.monotonic()
+        now = self._interest_sent_at = time.monotonic()
         for delta in self.local_interest.apply_chunked(changes):
             frame = peer_frames.interest_delta_frame(delta)
             self.lag.on_sent(delta.to_version, now)
