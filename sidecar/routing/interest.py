@@ -135,7 +135,7 @@ _NOTHING = ForwardDecision()
 # ---- every peer's interest -----------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Peer:
     version: int | None = None  # None: no snapshot yet
     keys: set[InterestKey] = field(default_factory=set)
@@ -145,7 +145,7 @@ class _Peer:
     next_chunk: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Union:
     """One local forwarding subscription (hashed by identity: the trie holds these)."""
 

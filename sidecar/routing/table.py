@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InterestKey:
     """A filter some local session subscribes to; `group` is its ``$share`` group or None."""
 
