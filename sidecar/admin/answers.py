@@ -66,15 +66,20 @@ class Answers:
             return out
         out.forwarded = routing.forwarder.forwarded
         out.received = routing.counters["received"]
+        interest = routing.interest_status()["peers"]
         for peer, state in routing.transport.states().items():
             queue = routing.queues.get(peer)
+            lag = interest.get(peer, {})
             out.peers.add(peer=peer, outbound=state["outbound"]["state"],
                           inbound=state["inbound"]["state"], reconnects=state["reconnects"],
                           last_error=state["last_error"] or "",
                           queued_messages=queue.count() if queue else 0,
                           queued_bytes=queue.bytes() if queue else 0,
                           messages_sent=routing.peer_sent.get(peer, 0),
-                          messages_received=routing.peer_received.get(peer, 0))
+                          messages_received=routing.peer_received.get(peer, 0),
+                          interest_lag_s=lag.get("lag_seconds", 0.0),
+                          interest_pending=lag.get("deltas_pending", 0),
+                          interest_keys=lag.get("keys_held", 0))
         return out
 
     def routes(self, query: admin_pb2.Query) -> list[admin_pb2.Route]:

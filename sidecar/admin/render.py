@@ -66,12 +66,17 @@ def _status(r: admin_pb2.StatusReply, now: float) -> str:
              for s in r.statuses for p in s.peers]
     streams = table(["FROM", "TO", "OUT", "IN", "RECONNECTS", "QUEUED", "SENT", "RECEIVED",
                      "LAST ERROR"], links)
+    interest = table(["FROM", "TO", "INTEREST LAG", "DELTAS PENDING", "TO'S FILTERS KNOWN"],
+                     [[s.node_id, p.peer, f"{p.interest_lag_s:.2f}s", p.interest_pending,
+                       p.interest_keys] for s in r.statuses for p in s.peers])
     plugin = table(["NODE", "PLUGIN IN SYNC", "EVENT GAPS", "RESYNCS", "FORWARDED",
                     "RECEIVED"],
                    [[s.node_id, _yes(s.plugin_in_sync), s.plugin_gaps, s.plugin_resyncs,
                      s.forwarded, s.received] for s in r.statuses])
     return (f"cluster {r.cluster} (answered by {r.answered_by})\n\n{nodes}\n\n"
-            f"peer streams (as each node sees them)\n{streams}\n\n{plugin}")
+            f"peer streams (as each node sees them)\n{streams}\n\n"
+            f"interest (how far each peer's routing trails FROM's subscriptions; alert above "
+            f"5 s)\n{interest}\n\n{plugin}")
 
 
 def _nodes(r: admin_pb2.NodesReply, now: float) -> str:

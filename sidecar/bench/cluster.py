@@ -16,18 +16,21 @@ ROUTING_COUNTERS = ("forwarded", "received", "reinjected", "duplicates", "qos0_d
 
 
 class BenchCluster:
-    """`mqfed up --nodes 2 --detach` in `run_dir`; `down()` stops it by recorded PIDs."""
+    """`mqfed up --nodes N --detach` in `run_dir` (N = 2 unless told); `down()` stops it by
+    recorded PIDs."""
 
-    def __init__(self, run_dir: Path, base_port: int, timeout: float = 60.0) -> None:
+    def __init__(self, run_dir: Path, base_port: int, timeout: float = 60.0,
+                 nodes: int = 2) -> None:
         self.run_dir = run_dir
         self.base_port = base_port
         self.timeout = timeout
+        self.nodes = nodes
         self.info: dict[str, Any] = {}
 
     def up(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.chmod(0o755)  # Mosquitto's own user must reach the node folders
-        argv = [*MQFED, "up", "--nodes", "2", "--detach", "--json", "--base-port",
+        argv = [*MQFED, "up", "--nodes", str(self.nodes), "--detach", "--json", "--base-port",
                 str(self.base_port), "--run-dir", str(self.run_dir)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -52,6 +55,24 @@ class BenchCluster:
         proc = subprocess.run([*MQFED, "down", "--run-dir", str(self.run_dir)],
                               capture_output=True, text=True, timeout=120)
         return proc.stderr.strip() if proc.returncode else ""
+
+    def add_node(self) -> dict[str, Any]:
+        """`mqfed add-node`: the new node's entry (it is also added to `info`)."""
+        proc = subprocess.run([*MQFED, "add-node", "--json", "--run-dir", str(self.run_dir)],
+                              capture_output=True, text=True, timeout=self.timeout + 30)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mqfed add-node failed (exit {proc.returncode}): "
+                               f"{proc.stderr.strip()}")
+        entry = json.loads(proc.stdout)
+        self.info.setdefault("nodes", []).append(entry)
+        return entry
+
+    def state(self, ident: str) -> dict[str, Any]:
+        """The node's state.json ({} while unreadable)."""
+        try:
+            return json.loads((self.run_dir / "nodes" / ident / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
 
     def node(self, ident: str) -> dict[str, Any]:
         return next(n for n in self.info["nodes"] if n["id"] == ident)

@@ -18,6 +18,9 @@ DEFAULT_MAX_QUEUED = 10_000
 """Mosquitto's per-client queue limit when the user sets none (stock: 1000). Larger, because a
 cluster queues in bursts a single broker does not have: the sidecar's own sessions while it
 restarts, and a peer's backlog draining after an outage."""
+EVENT_BATCH = 100
+"""Plugin events per message to the sidecar at most, when they wait (a burst of subscriptions):
+one MQTT message to decode and acknowledge instead of one per event."""
 MAX_FORWARD_WINDOW = 16_384
 
 
@@ -145,6 +148,7 @@ def render(cfg: BrokerConfig) -> str:
         f"plugin_opt_sidecar_secret {cfg.secret}",
         f"plugin_opt_auth {'defer' if auth else 'grant'}",
         f"plugin_opt_acl {'defer' if acl else 'grant'}",
+        f"plugin_opt_event_batch {EVENT_BATCH}",
         "plugin_opt_sessions_gate true",
     ]
     backlog_max = cfg.fwd_backlog_max or backlog_max_for(user.max_queued if user

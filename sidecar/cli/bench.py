@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sidecar.bench import payload
 from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
+from sidecar.bench.scale import ScaleOptions, render_scale, run_scale
 from sidecar.bench.table import render
 
 DEFAULT_BASE_PORT = 22883
@@ -79,6 +80,19 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--traces", type=Path, metavar="DIR",
                    help="write trace records (docs/traces.md) into DIR, for `mqfed audit`")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    scale = p.add_argument_group(
+        "--scale", "Instead: the control plane on a 3-node cluster. FILTERS distinct filters "
+        "subscribed on n1 (time until every peer routes them, CPU and memory per 10,000), "
+        "subscription churn across the nodes (interest lag p50/p99), then a joining node "
+        "(time until it routes everything). Uses --run-dir and --base-port.")
+    scale.add_argument("--scale", action="store_true", help="run the scale benchmark")
+    scale.add_argument("--filters", type=_positive_int, default=100_000,
+                       help="filters subscribed on n1 (default: 100000)")
+    scale.add_argument("--churn-rate", type=_positive_int, default=2000,
+                       help="subscribes per second, and as many unsubscribes, over all nodes "
+                       "(default: 2000)")
+    scale.add_argument("--churn-seconds", type=_non_negative, default=60.0,
+                       help="how long the churn runs; 0 skips it (default: 60)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -86,7 +100,27 @@ def _interrupt(signum: int, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    opts = ScaleOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
+                        filters=args.filters, churn_rate=args.churn_rate,
+                        churn_seconds=args.churn_seconds)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        report = run_scale(opts, lambda text: print(text, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print("mqfed bench: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(f"mqfed bench: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report) if args.json else render_scale(report), flush=True)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.scale:
+        return cmd_scale(args)
     if args.size < payload.MIN_SIZE:
         print(f"mqfed bench: error: --size must be at least {payload.MIN_SIZE}", file=sys.stderr)
         return 2

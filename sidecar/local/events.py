@@ -12,8 +12,8 @@ import base64
 import binascii
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from sidecar.local.protocol import (
@@ -493,10 +493,22 @@ class SnapshotAssembler:
             )
         if len(self._chunks) < max(head.chunks, 1):
             return None
-        clients = tuple(c for i in sorted(self._chunks) for c in self._chunks[i])
-        return Snapshot(epoch=head.epoch, seq=head.seq, clients=clients)
+        return Snapshot(epoch=head.epoch, seq=head.seq, clients=_merge_split(
+            c for i in sorted(self._chunks) for c in self._chunks[i]))
 
     add = feed
+
+
+def _merge_split(clients: Iterable[SnapshotClient]) -> tuple[SnapshotClient, ...]:
+    """A client with more subscriptions than one chunk holds comes as consecutive entries
+    (its subscriptions split between them): one entry each again."""
+    out: list[SnapshotClient] = []
+    for c in clients:
+        if out and out[-1].client == c.client:
+            out[-1] = replace(out[-1], subscriptions=out[-1].subscriptions + c.subscriptions)
+        else:
+            out.append(c)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

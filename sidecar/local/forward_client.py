@@ -55,6 +55,8 @@ FORWARD_SESSION_EXPIRY = 3600
 BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
+PACKET_FILTERS = 256
+"""Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""
 
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:
@@ -124,7 +126,8 @@ class ForwardClient:
         self._tickets = 0
         self._by_mid: dict[int, int] = {}  # paho mid of a QoS > 0 publish -> its ticket
         self._retry_timer: asyncio.TimerHandle | None = None
-        self._subscribing: dict[int, tuple[str, int]] = {}  # SUBSCRIBE mid -> filter, its id
+        self._subscribing: dict[int, list[tuple[str, int]]] = {}  # SUBSCRIBE mid -> (filter, id)
+        self.subscribe_packets = 0  # SUBSCRIBE and UNSUBSCRIBE packets sent
         self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
         self._subscribe_refusals: dict[str, int] = {}  # filter -> refusals in a row
         self.subscribe_refused = 0
@@ -245,16 +248,21 @@ class ForwardClient:
 
     # ---- forwarding subscriptions ------------------------------------------------------
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
-        """Check the SUBACK: a refused forwarding subscription means peers' clients would
-        miss this node's publishes; it is logged, counted and asked again with backoff."""
-        entry = self._subscribing.pop(mid, None)
-        if entry is None:
+        """Check the SUBACK, one reason code per filter: a refused forwarding subscription
+        means peers' clients would miss this node's publishes; it is logged, counted and
+        asked again with backoff."""
+        entries = self._subscribing.pop(mid, None)
+        if entries is None:
             return
-        filter, subscription_id = entry
-        code = reason_codes[0].value if reason_codes else 0x80
-        if code < 0x80:
-            self._subscribe_refusals.pop(filter, None)
-            return
+        codes = [c.value for c in reason_codes or ()]
+        for i, (filter, subscription_id) in enumerate(entries):
+            code = codes[i] if i < len(codes) else 0x80
+            if code < 0x80:
+                self._subscribe_refusals.pop(filter, None)
+            else:
+                self._refused(filter, subscription_id, code)
+
+    def _refused(self, filter: str, subscription_id: int, code: int) -> None:
         self.subscribe_refused += 1
         refusals = self._subscribe_refusals[filter] = self._subscribe_refusals.get(filter, 0) + 1
         delay = backoff(refusals, first=0.5, cap=30.0)
@@ -309,6 +317,7 @@ class ForwardClient:
                 "recoveries": self.tracker.recoveries,
                 "unacked": len(self.tracker.unacked),
                 "subscribe_refused": self.subscribe_refused,
+                "subscribe_packets": self.subscribe_packets,
                 "reinject": self.window.status()}
 
     def refused_by_reason(self) -> dict[str, int]:
@@ -341,20 +350,44 @@ class ForwardClient:
         await asyncio.wait_for(self._ready.wait(), timeout)
 
     def subscribe(self, filter: str, subscription_id: int, no_local: bool) -> None:
-        """One SUBSCRIBE per filter, so each copy carries that filter's identifier."""
+        """Subscribe one filter with its identifier (see `subscribe_many`)."""
+        self.subscribe_many([(filter, subscription_id, no_local)])
+
+    def subscribe_many(self, subs: list[tuple[str, int, bool]]) -> None:
+        """Subscribe (filter, identifier, no local) triples in order: consecutive ones with the
+        same identifier and options share a SUBSCRIBE packet (up to `PACKET_FILTERS`), so each
+        copy still carries the identifier of the filter it matched."""
+        run: list[str] = []
+        for i, (filter, sid, no_local) in enumerate(subs):
+            self._subscribed[filter] = (sid, no_local)
+            run.append(filter)
+            following = subs[i + 1] if i + 1 < len(subs) else None
+            if (following is None or following[1:] != (sid, no_local)
+                    or len(run) == PACKET_FILTERS):
+                self._send_subscribe(run, sid, no_local)
+                run = []
+
+    def _send_subscribe(self, filters: list[str], subscription_id: int, no_local: bool) -> None:
         props = Properties(PacketTypes.SUBSCRIBE)
         props.SubscriptionIdentifier = subscription_id
         options = SubscribeOptions(qos=2, noLocal=no_local, retainAsPublished=True,
                                    retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-        self._subscribed[filter] = (subscription_id, no_local)
-        _, mid = self._client.subscribe(filter, options=options, properties=props)
+        _, mid = self._client.subscribe([(f, options) for f in filters], properties=props)
+        self.subscribe_packets += 1
         if mid is not None:
-            self._subscribing[mid] = (filter, subscription_id)
+            self._subscribing[mid] = [(f, subscription_id) for f in filters]
 
     def unsubscribe(self, filter: str) -> None:
-        self._subscribed.pop(filter, None)
-        self._subscribe_refusals.pop(filter, None)
-        self._client.unsubscribe(filter)
+        self.unsubscribe_many([filter])
+
+    def unsubscribe_many(self, filters: list[str]) -> None:
+        """Unsubscribe filters, up to `PACKET_FILTERS` per UNSUBSCRIBE packet."""
+        for filter in filters:
+            self._subscribed.pop(filter, None)
+            self._subscribe_refusals.pop(filter, None)
+        for i in range(0, len(filters), PACKET_FILTERS):
+            self._client.unsubscribe(filters[i:i + PACKET_FILTERS])
+            self.subscribe_packets += 1
 
     def ack(self, mid: int, qos: int) -> None:
         """Accept a received copy: PUBACK, or PUBREC at QoS 2 (`LeanClient.ack`)."""

@@ -20,6 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from sidecar.local import mqtt_codec
 from sidecar.local.events import (
     CommandFailed,
     Event,
@@ -51,6 +52,10 @@ class LinkError(RuntimeError):
     """The link to the local Mosquitto or its plugin failed; the message says what to check."""
 
 
+LINK_RECEIVE_MAXIMUM = 65535
+"""QoS 1 events and replies Mosquitto may have in flight to the control link."""
+
+
 def sidecar_client(client_id: str, secret: str, manual_ack: bool = False,
                    client_class: type[mqtt.Client] = mqtt.Client) -> mqtt.Client:
     """A paho MQTT v5 client over the private unix socket with the sidecar's credentials,
@@ -63,6 +68,30 @@ def sidecar_client(client_id: str, secret: str, manual_ack: bool = False,
     client.reconnect_delay_set(min_delay=0.1, max_delay=2)
     client.max_queued_messages_set(0)
     return client
+
+
+class _EventClient(mqtt.Client):
+    """paho, with plugin events (QoS 1 on `EVENTS_TOPIC`) decoded by `mqtt_codec` and handed
+    to `on_event_payload` without paho's per-message `MQTTMessage`, `Properties` and
+    `ReasonCode` objects (most of the link's CPU in a burst of subscriptions). Everything else
+    goes through paho."""
+
+    on_event_payload: Callable[[bytes], None] | None = None
+
+    def _handle_publish(self) -> mqtt.MQTTErrorCode:
+        hook = self.on_event_payload
+        if hook is None or self._protocol != mqtt.MQTTv5:
+            return super()._handle_publish()
+        try:
+            packet = mqtt_codec.decode_publish(self._in_packet["command"],
+                                               self._in_packet["packet"])
+        except (ValueError, IndexError):
+            return super()._handle_publish()
+        if packet.topic != EVENTS_TOPIC or packet.qos != 1:
+            return super()._handle_publish()
+        with self._in_callback_mutex:
+            hook(packet.payload)
+        return self._send_puback(packet.mid)
 
 
 class LocalLink:
@@ -87,7 +116,8 @@ class LocalLink:
         self._connections = 0
         self._refused: str | None = None
         self.events_received = 0
-        self._client = sidecar_client(client_id, secret)
+        self._client = sidecar_client(client_id, secret, client_class=_EventClient)
+        self._client.on_event_payload = self._on_event_payload
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
@@ -139,13 +169,7 @@ class LocalLink:
         assert self._loop is not None
         try:
             if msg.topic == EVENTS_TOPIC:
-                event = decode_event(msg.payload)
-                with self._lock:
-                    self._pending_events.append(event)
-                    schedule = not self._flush_scheduled
-                    self._flush_scheduled = True
-                if schedule:
-                    self._loop.call_soon_threadsafe(self._flush_events)
+                self._on_event_payload(msg.payload)
             elif msg.topic == REPLY_TOPIC:
                 reply = decode_reply(msg.payload)
                 self._loop.call_soon_threadsafe(self._deliver_reply, reply)
@@ -153,6 +177,20 @@ class LocalLink:
                 self._on_read(msg)
         except ProtocolError as exc:
             self._loop.call_soon_threadsafe(self.on_protocol_error, exc)
+
+    def _on_event_payload(self, payload: bytes) -> None:
+        assert self._loop is not None
+        try:  # several events in one message are separated by newlines (event_batch)
+            events = [decode_event(line) for line in payload.split(b"\n")]
+        except ProtocolError as exc:
+            self._loop.call_soon_threadsafe(self.on_protocol_error, exc)
+            return
+        with self._lock:
+            self._pending_events.extend(events)
+            schedule = not self._flush_scheduled
+            self._flush_scheduled = True
+        if schedule:
+            self._loop.call_soon_threadsafe(self._flush_events)
 
     def _on_read(self, msg: mqtt.MQTTMessage) -> None:
         props = getattr(msg, "properties", None)
@@ -241,6 +279,10 @@ class LocalLink:
         self._loop = asyncio.get_running_loop()
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = CALIBRATION_SESSION_EXPIRY
+        # Events are QoS 1: without this Mosquitto sends 20 at a time (max_inflight_messages)
+        # and waits for their PUBACKs, about 2,500 events/s; the plugin's event_window bounds
+        # what is in flight instead
+        props.ReceiveMaximum = LINK_RECEIVE_MAXIMUM
         try:
             self._client.connect(str(self.socket_path), port=1883, keepalive=30,
                                  clean_start=False, properties=props)

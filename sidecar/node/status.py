@@ -43,10 +43,10 @@ def node_status(node: NodeView, socket_path: Path, limit: int = DETAIL_LIMIT) ->
 def _detail(node: NodeView, limit: int) -> dict[str, Any]:
     """Per-filter and per-session detail for small nodes (debugging and tests)."""
     table = node.table
+    if table.interest_count() > limit or len(table) > limit:  # O(1): written every 0.2 s
+        return {"detail": f"omitted: more than {limit} filters or sessions"}
     interest = table.interest()
     sessions = table.sessions()
-    if len(interest) > limit or len(sessions) > limit:
-        return {"detail": f"omitted: more than {limit} filters or sessions"}
     return {
         "interest": sorted(([k.group, k.filter, n] for k, n in interest.items()),
                            key=lambda row: (row[0] or "", row[1])),

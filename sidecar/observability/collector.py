@@ -228,9 +228,43 @@ class NodeCollector(Collector):
         yield CounterMetricFamily("mqfed_retained_purged", "Tombstones and expired retained "
                                   "messages forgotten after retained.tombstone_grace.",
                                   value=ret["purged"])
+        yield from self._interest()
         h = r.hop_latency
         buckets = [("+Inf" if b == float("inf") else repr(b / 1000), n)
                    for b, n in h.cumulative()]
         yield HistogramMetricFamily(
             "mqfed_forward_hop_latency_seconds", "From the origin's HLC stamp to receipt here "
             "(includes clock skew between nodes).", buckets=buckets, sum_value=h.sum_ms / 1000)
+
+    def _interest(self) -> Iterator[Metric]:
+        """Interest lag per peer (docs/operations.md: alert above 5 s for a minute)."""
+        r = self.node.routing
+        assert r is not None
+        st = r.interest_status()
+        lag = _gauge("interest_lag_seconds", "Age of the oldest interest change of this node "
+                     "that the peer has not put into effect yet (0: current).", ["peer"])
+        pending = _gauge("interest_deltas_pending", "Interest deltas this node sent that the "
+                         "peer has not put into effect yet.", ["peer"])
+        held = _gauge("interest_keys_held", "Interest keys (filters) a peer holds, as known "
+                      "here.", ["peer"])
+        for peer, p in st["peers"].items():
+            lag.add_metric([peer], p["lag_seconds"])
+            pending.add_metric([peer], p["deltas_pending"])
+            held.add_metric([peer], p["keys_held"])
+        yield lag
+        yield pending
+        yield held
+        yield GaugeMetricFamily("mqfed_interest_keys", "This node's interest keys.",
+                                value=st["keys"])
+        yield GaugeMetricFamily("mqfed_interest_persist_pending", "Forwarding-state rows not "
+                                "written to disk yet.", value=st["persist_pending"])
+        yield GaugeMetricFamily("mqfed_forwarding_subscriptions", "Forwarding subscriptions "
+                                "this node's sidecar holds on its Mosquitto.",
+                                value=r.remote.subscription_count())
+        h = r.lag.histogram
+        buckets = [("+Inf" if b == float("inf") else repr(b / 1000), n)
+                   for b, n in h.cumulative()]
+        yield HistogramMetricFamily(
+            "mqfed_interest_apply_seconds", "From an interest change here to a peer putting it "
+            "into effect (one observation per delta and peer).", buckets=buckets,
+            sum_value=h.sum_ms / 1000)

@@ -101,7 +101,8 @@ def _keys(entries: Iterable[peer_pb2.InterestEntry]) -> frozenset[InterestKey]:
 
 
 def interest_snapshot_frame(snap: InterestSnapshot) -> bytes:
-    msg = peer_pb2.InterestSnapshot(version=snap.version, entries=_entries(snap.keys))
+    msg = peer_pb2.InterestSnapshot(version=snap.version, entries=_entries(snap.keys),
+                                    chunk=snap.chunk, more=not snap.last)
     return peer_pb2.Frame(interest_snapshot=msg).SerializeToString()
 
 
@@ -116,8 +117,13 @@ def interest_request_frame(have_version: int, reason: str) -> bytes:
     return peer_pb2.Frame(interest_request=msg).SerializeToString()
 
 
+def interest_applied_frame(version: int) -> bytes:
+    msg = peer_pb2.InterestApplied(version=version)
+    return peer_pb2.Frame(interest_applied=msg).SerializeToString()
+
+
 def snapshot_from(msg: peer_pb2.InterestSnapshot) -> InterestSnapshot:
-    return InterestSnapshot(msg.version, _keys(msg.entries))
+    return InterestSnapshot(msg.version, _keys(msg.entries), msg.chunk, not msg.more)
 
 
 def delta_from(msg: peer_pb2.InterestDelta) -> InterestDelta:

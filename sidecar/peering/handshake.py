@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CAPABILITIES",
+    "INTEREST_CHUNKS",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "SUPPORTED_MAJORS",
@@ -34,10 +35,12 @@ __all__ = [
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1
 SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
-CAPABILITIES: frozenset[str] = frozenset()
-"""Optional features this version implements (none yet: everything in 1.0 is mandatory)."""
+INTEREST_CHUNKS = "interest-chunks"
+"""1.1: interest snapshots in chunks, and InterestApplied replies (interest lag)."""
+CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS})
+"""Optional features this version implements."""
 
 
 class RefuseCode(enum.IntEnum):

@@ -1,14 +1,21 @@
 """Interest between nodes: what each peer wants, and what this sidecar subscribes to locally.
 
-`LocalInterest` turns this node's `InterestAdded`/`InterestRemoved` changes (from the subscription
-table) into a versioned snapshot and deltas for peers. `RemoteInterest` holds every peer's interest,
+`LocalInterest` (sidecar.routing.local_interest, re-exported here) turns this node's
+`InterestAdded`/`InterestRemoved` changes into a versioned snapshot and deltas for peers.
+`RemoteInterest` holds every peer's interest,
 derives the sidecar's local forwarding subscriptions from it and decides, per copy of a message
 Mosquitto hands the sidecar, whether and where to forward it. Sans-IO: plain values in, actions out.
 
 Local forwarding subscriptions (architecture §3.2, §3.6): the union over peers of the filters as the
 peers' clients subscribed them — ``f`` for plain interest, ``$share/g/f`` for shared interest (the
 sidecar joins each group itself, so Mosquitto's local pick within the group includes "some other
-node"). Each union filter is refcounted over peers and carries its own MQTT subscription identifier.
+node"). Each union filter is refcounted over peers and carries an MQTT subscription identifier:
+its own for a wildcard or shared filter; literal plain filters added together share one (up to
+`LITERAL_GROUP` of them), so the forwarding client subscribes them with one SUBSCRIBE packet. No
+topic matches two literal filters, so a copy's identifier still names exactly one filter.
+
+Every change costs O(changed keys): the union, the trie and the persistence journal
+(`take_journal`, written by an adapter as rows) are updated per key, never rebuilt.
 """
 
 from __future__ import annotations
@@ -16,16 +23,22 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sidecar.routing.local_interest import InterestDelta, InterestSnapshot, LocalInterest
 from sidecar.routing.shared import RoundRobin
-from sidecar.routing.table import InterestAdded, InterestChange, InterestKey, InterestRemoved
+from sidecar.routing.table import InterestKey
 from sidecar.topics import SHARE_PREFIX, TopicError, TopicTrie, matches, parse_filter
 
 __all__ = [
+    "JOURNAL_ADD",
+    "JOURNAL_FREE",
+    "JOURNAL_REMOVE",
+    "LITERAL_GROUP",
     "MAX_SUBSCRIPTION_ID",
     "ForwardDecision",
     "InterestAction",
     "InterestDelta",
     "InterestSnapshot",
+    "JournalOp",
     "LocalInterest",
     "LocalSubscribe",
     "LocalUnsubscribe",
@@ -37,26 +50,17 @@ __all__ = [
 MAX_SUBSCRIPTION_ID = 268_435_455
 """Largest MQTT v5 subscription identifier (variable byte integer)."""
 
+LITERAL_GROUP = 256
+"""Most literal (wildcard-free, plain) filters sharing one subscription identifier."""
 
-# ---- values exchanged with peers (the peering adapter converts to/from protobuf) -----------------
+JOURNAL_ADD = "+"
+"""Journal op ``(JOURNAL_ADD, peer, verbatim, sid)``: the peer holds the filter, its id is sid."""
+JOURNAL_REMOVE = "-"
+"""Journal op ``(JOURNAL_REMOVE, peer, verbatim, 0)``: the peer no longer holds the filter."""
+JOURNAL_FREE = "x"
+"""Journal op ``(JOURNAL_FREE, "", verbatim, sid)``: no peer holds it, its id is released."""
 
-
-@dataclass(frozen=True)
-class InterestSnapshot:
-    """A node's whole interest at `version`."""
-
-    version: int
-    keys: frozenset[InterestKey]
-
-
-@dataclass(frozen=True)
-class InterestDelta:
-    """A node's interest changes from `from_version` to `to_version`."""
-
-    from_version: int
-    to_version: int
-    added: frozenset[InterestKey] = frozenset()
-    removed: frozenset[InterestKey] = frozenset()
+JournalOp = tuple[str, str, str, int]
 
 
 # ---- actions ---------------------------------------------------------------------------------
@@ -128,61 +132,22 @@ class ForwardDecision:
 _NOTHING = ForwardDecision()
 
 
-# ---- this node's interest, versioned -------------------------------------------------------------
-
-
-class LocalInterest:
-    """This node's interest as sent to peers: a key set with a version bumped on every change.
-
-    Send `snapshot()` on every stream (re)connect, then each delta `apply` returns, in order.
-    """
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._keys: set[InterestKey] = set()
-
-    def apply(self, changes: Iterable[InterestChange]) -> InterestDelta | None:
-        """Apply table changes; return the delta to broadcast, or None if nothing changed."""
-        added: set[InterestKey] = set()
-        removed: set[InterestKey] = set()
-        for change in changes:
-            key = change.key
-            if isinstance(change, InterestAdded) and key not in self._keys:
-                self._keys.add(key)
-                if key in removed:
-                    removed.discard(key)
-                else:
-                    added.add(key)
-            elif isinstance(change, InterestRemoved) and key in self._keys:
-                self._keys.discard(key)
-                if key in added:
-                    added.discard(key)
-                else:
-                    removed.add(key)
-        if not added and not removed:
-            return None
-        delta = InterestDelta(self.version, self.version + 1, frozenset(added), frozenset(removed))
-        self.version += 1
-        return delta
-
-    def snapshot(self) -> InterestSnapshot:
-        """The whole interest at the current version."""
-        return InterestSnapshot(self.version, frozenset(self._keys))
-
-
 # ---- every peer's interest -----------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Peer:
     version: int | None = None  # None: no snapshot yet
     keys: set[InterestKey] = field(default_factory=set)
     awaiting_snapshot: bool = False
+    chunks: set[InterestKey] | None = None  # a chunked snapshot being collected
+    chunks_version: int = 0
+    next_chunk: int = 0
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Union:
-    """One local forwarding subscription."""
+    """One local forwarding subscription (hashed by identity: the trie holds these)."""
 
     verbatim: str
     key: InterestKey
@@ -190,43 +155,76 @@ class _Union:
     peers: set[str] = field(default_factory=set)
 
 
+def _literal(key: InterestKey) -> bool:
+    """A plain filter without wildcards: it matches exactly one topic, itself."""
+    return key.group is None and "+" not in key.filter and "#" not in key.filter
+
+
 class RemoteInterest:
     """Every peer's interest, the local forwarding subscriptions, and the forwarding decision.
 
-    Interest per peer: `apply_snapshot` replaces it; `apply_delta` applies it only if its
-    `from_version` is the peer's current version (and `to_version` is greater), otherwise it is
-    ignored and a `RequestSnapshot` is returned (once, until the next snapshot). Keys that are not
-    valid MQTT filters are skipped and counted in `invalid_keys`. `remove_peer` drops the peer's
-    interest: call it when the peer leaves the membership, NOT when its stream drops — while a peer
-    is unreachable its interest stays, so QoS ≥ 1 messages for it keep flowing into its queue.
+    Interest per peer: `apply_snapshot` replaces it (chunked snapshots are collected first);
+    `apply_delta` applies it only if its `from_version` is the peer's current version (and
+    `to_version` is greater), otherwise it is ignored and a `RequestSnapshot` is returned (once,
+    until the next snapshot). Keys that are not valid MQTT filters are skipped and counted in
+    `invalid_keys`. `remove_peer` drops the peer's interest: call it when the peer leaves the
+    membership, NOT when its stream drops — while a peer is unreachable its interest stays, so
+    QoS ≥ 1 messages for it keep flowing into its queue.
 
-    Subscription identifiers: a new union filter gets ``1 + the largest identifier in use`` (so
-    identifiers are reused once the filters above them are released); only past
-    `MAX_SUBSCRIPTION_ID` does allocation fall back to the smallest free one. A new filter never
-    gets an identifier below one already in use: a copy routed by Mosquitto before the new
-    subscription took effect still carries the smallest matching identifier (see
+    Subscription identifiers: a new identifier is ``1 + the largest in use`` (so identifiers are
+    reused once those above them are released); only past `MAX_SUBSCRIPTION_ID` does allocation
+    fall back to the smallest free one. The literal filters one change adds share identifiers,
+    `literal_group` at most per identifier; they are allocated before the change's wildcard
+    and shared filters, so the (un)subscribe actions come in ascending identifier order. A new
+    filter never gets an identifier below one already in use: a copy routed by Mosquitto before
+    the new subscription took effect still carries the smallest matching identifier (see
     `forward_targets`), so subscription changes cannot make a message skip forwarding.
+
+    With `journal` set, every change is also recorded as `JournalOp`s for `take_journal` (an
+    adapter persists them as rows; `restore` rebuilds from what it loads).
 
     Shared picks are round robin per (group, filter) over the sorted peers holding it, starting at
     an offset derived from `seed` (give each node a different seed, e.g. a hash of its id).
     """
 
-    def __init__(self, *, seed: int = 0) -> None:
+    def __init__(self, *, seed: int = 0, journal: bool = False,
+                 literal_group: int = LITERAL_GROUP) -> None:
         self._peers: dict[str, _Peer] = {}
         self._union: dict[str, _Union] = {}  # verbatim filter -> subscription
-        self._by_sid: dict[int, _Union] = {}
-        self._plain: TopicTrie[int] = TopicTrie()  # plain union filters -> subscription id
+        self._singles: dict[int, _Union] = {}  # id -> wildcard or shared subscription
+        self._groups: dict[int, dict[str, _Union]] = {}  # id -> literal filter -> subscription
+        self._plain: TopicTrie[_Union] = TopicTrie()  # plain union filters
         self._shared: dict[InterestKey, tuple[str, ...]] = {}  # sorted peers per shared key
         self._rr: RoundRobin[str] = RoundRobin(seed)
         self._top_sid = 0
+        self._literal_group = max(1, literal_group)
+        self._journal: list[JournalOp] | None = [] if journal else None
         self.invalid_keys = 0
 
     # ---- updates ---------------------------------------------------------------------------
 
     def apply_snapshot(self, peer: str, snapshot: InterestSnapshot) -> list[InterestAction]:
-        """Replace the peer's interest with the snapshot's (whatever its version)."""
+        """Replace the peer's interest with the snapshot's (whatever its version). A chunked
+        snapshot takes effect with its last chunk; a chunk out of order asks for a new one."""
         state = self._peers.setdefault(peer, _Peer())
+        if snapshot.chunk == 0:
+            state.chunks, state.chunks_version, state.next_chunk = None, snapshot.version, 0
+        if snapshot.chunk != state.next_chunk or snapshot.version != state.chunks_version:
+            state.chunks = None
+            state.next_chunk = -1  # until a chunk 0
+            if state.awaiting_snapshot:
+                return []
+            state.awaiting_snapshot = True
+            return [RequestSnapshot(peer, state.version, f"snapshot chunk {snapshot.chunk} "
+                                                         "out of order")]
+        if not snapshot.last:
+            state.chunks = (state.chunks or set()) | self._valid(snapshot.keys)
+            state.next_chunk += 1
+            return []
         keys = self._valid(snapshot.keys)
+        if state.chunks is not None:
+            keys |= state.chunks
+        state.chunks, state.next_chunk = None, 0
         removed = state.keys - keys
         added = keys - state.keys
         state.version = snapshot.version
@@ -234,7 +232,8 @@ class RemoteInterest:
         return self._change(peer, state, added, removed)
 
     def apply_delta(self, peer: str, delta: InterestDelta) -> list[InterestAction]:
-        """Apply the delta if it follows the peer's current version; else ask for a snapshot."""
+        """Apply the delta if it follows the peer's current version; else ask for a snapshot.
+        Costs O(keys in the delta), whatever the interest held."""
         state = self._peers.get(peer)
         if state is None or state.version is None:
             reason = "delta before any snapshot"
@@ -261,6 +260,13 @@ class RemoteInterest:
             return []
         return self._change(peer, state, set(), set(state.keys))
 
+    def take_journal(self) -> list[JournalOp]:
+        """The changes recorded since the last call (empty without `journal`)."""
+        if not self._journal:
+            return []
+        ops, self._journal = self._journal, []
+        return ops
+
     def export(self) -> dict[str, dict]:
         """What a restarted sidecar needs to keep routing the copies its MQTT session still
         holds: every peer's interest (verbatim filters) and the subscription identifiers."""
@@ -281,10 +287,10 @@ class RemoteInterest:
                 sub = self._union.get(verbatim)
                 if sub is None:
                     sid = sids.get(verbatim) or self._allocate()
-                    sub = self._union[verbatim] = self._by_sid[sid] = _Union(verbatim, key, sid)
+                    if not _literal(key) and sid in self._groups or sid in self._singles:
+                        sid = self._allocate()  # never two non-literal filters on one id
+                    sub = self._add_union(verbatim, key, sid)
                     self._top_sid = max(self._top_sid, sid)
-                    if key.group is None:
-                        self._plain.add(verbatim, sid)
                 sub.peers.add(peer)
                 peer_state.keys.add(key)
                 if key.group is not None:
@@ -293,7 +299,8 @@ class RemoteInterest:
     def subscriptions(self) -> list[LocalSubscribe]:
         """Every local forwarding subscription, by identifier: re-issue them all when the
         sidecar's own MQTT session had to be started afresh (CONNACK session present = 0)."""
-        return [LocalSubscribe(u.verbatim, sid) for sid, u in sorted(self._by_sid.items())]
+        subs = sorted(self._union.values(), key=lambda u: (u.sid, u.verbatim))
+        return [LocalSubscribe(u.verbatim, u.sid) for u in subs]
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -311,11 +318,16 @@ class RemoteInterest:
         state = self._peers.get(peer)
         return frozenset() if state is None else frozenset(state.keys)
 
+    def key_count(self, peer: str) -> int:
+        """How many keys the peer holds."""
+        state = self._peers.get(peer)
+        return 0 if state is None else len(state.keys)
+
     def peers_for(self, topic: str) -> set[str]:
         """Peers with plain (non-shared) interest matching the topic."""
         result: set[str] = set()
-        for sid in self._plain.match(topic):
-            result |= self._by_sid[sid].peers
+        for sub in self._plain.match(topic):
+            result |= sub.peers
         return result
 
     def shared_peers(self, group: str, filter: str) -> set[str]:
@@ -325,6 +337,10 @@ class RemoteInterest:
     def local_subscriptions(self) -> dict[str, int]:
         """The local forwarding subscriptions: verbatim filter -> subscription identifier."""
         return {verbatim: u.sid for verbatim, u in self._union.items()}
+
+    def subscription_count(self) -> int:
+        """How many local forwarding subscriptions there are (O(1))."""
+        return len(self._union)
 
     def forward_targets(
         self, topic: str, subscription_ids: Sequence[int], *, down: Collection[str] = ()
@@ -338,7 +354,8 @@ class RemoteInterest:
         from peers. Rules:
 
         - identifiers not (or no longer) in use, or whose filter does not match the topic, are
-          ignored (stale copies from before an unsubscribe);
+          ignored (stale copies from before an unsubscribe); an identifier shared by literal
+          filters names the one equal to the topic;
         - plain: the copy is forwarded iff its smallest plain identifier is the smallest
           identifier among ALL plain union filters matching the topic, so a message matched by
           several filters is forwarded once; it goes to every peer with plain interest matching
@@ -350,10 +367,15 @@ class RemoteInterest:
         plain_min = 0
         shared: list[SharedDelivery] = []
         unroutable: list[InterestKey] = []
-        by_sid = self._by_sid
+        singles = self._singles
         for sid in subscription_ids:
-            sub = by_sid.get(sid)
-            if sub is None or not matches(sub.key.filter, topic):
+            sub = singles.get(sid)
+            if sub is None:
+                group = self._groups.get(sid)
+                if group is not None and topic in group and (plain_min == 0 or sid < plain_min):
+                    plain_min = sid
+                continue
+            if not matches(sub.key.filter, topic):
                 continue
             key = sub.key
             if key.group is None:
@@ -368,10 +390,10 @@ class RemoteInterest:
         peers: frozenset[str] = frozenset()
         if plain_min:
             matching = self._plain.match(topic)
-            if plain_min == min(matching):
+            if plain_min == min(u.sid for u in matching):
                 targets: set[str] = set()
-                for sid in matching:
-                    targets |= by_sid[sid].peers
+                for sub in matching:
+                    targets |= sub.peers
                 peers = frozenset(targets)
         if not peers and not shared and not unroutable:
             return _NOTHING
@@ -397,42 +419,84 @@ class RemoteInterest:
         self, peer: str, state: _Peer, added: set[InterestKey], removed: set[InterestKey]
     ) -> list[InterestAction]:
         actions: list[InterestAction] = []
+        journal = self._journal
         for key in sorted(removed, key=_order):
             state.keys.discard(key)
             verbatim = key.verbatim
             sub = self._union[verbatim]
             sub.peers.discard(peer)
+            if journal is not None:
+                journal.append((JOURNAL_REMOVE, peer, verbatim, 0))
             if key.group is not None:
                 self._set_shared(key, sub.peers)
             if not sub.peers:
-                del self._union[verbatim]
-                del self._by_sid[sub.sid]
-                if key.group is None:
-                    self._plain.remove(verbatim, sub.sid)
-                if sub.sid == self._top_sid:
-                    self._top_sid = max(self._by_sid, default=0)
+                self._drop_union(sub)
+                if journal is not None:
+                    journal.append((JOURNAL_FREE, "", verbatim, sub.sid))
                 actions.append(LocalUnsubscribe(verbatim, sub.sid))
-        for key in sorted(added, key=_order):
+        new_literal: list[InterestKey] = []
+        new_other: list[InterestKey] = []
+        for key in added:
             state.keys.add(key)
-            verbatim = key.verbatim
-            sub = self._union.get(verbatim)
+            sub = self._union.get(key.verbatim)
             if sub is None:
-                sid = self._allocate()
-                sub = self._union[verbatim] = self._by_sid[sid] = _Union(verbatim, key, sid)
-                if key.group is None:
-                    self._plain.add(verbatim, sid)
-                actions.append(LocalSubscribe(verbatim, sid))
+                (new_literal if _literal(key) else new_other).append(key)
+                continue
             sub.peers.add(peer)
+            if journal is not None:
+                journal.append((JOURNAL_ADD, peer, key.verbatim, sub.sid))
             if key.group is not None:
                 self._set_shared(key, sub.peers)
+        new_literal.sort(key=_order)
+        new_other.sort(key=_order)
+        sid = 0
+        for i, key in enumerate(new_literal + new_other):
+            if i >= len(new_literal) or i % self._literal_group == 0:
+                sid = self._allocate()
+            sub = self._add_union(key.verbatim, key, sid)
+            sub.peers.add(peer)
+            if journal is not None:
+                journal.append((JOURNAL_ADD, peer, key.verbatim, sid))
+            if key.group is not None:
+                self._set_shared(key, sub.peers)
+            actions.append(LocalSubscribe(key.verbatim, sid))
         return actions
+
+    def _add_union(self, verbatim: str, key: InterestKey, sid: int) -> _Union:
+        sub = self._union[verbatim] = _Union(verbatim, key, sid)
+        if _literal(key):
+            self._groups.setdefault(sid, {})[verbatim] = sub
+        else:
+            self._singles[sid] = sub
+        if key.group is None:
+            self._plain.add(verbatim, sub)
+        return sub
+
+    def _drop_union(self, sub: _Union) -> None:
+        del self._union[sub.verbatim]
+        sid = sub.sid
+        if _literal(sub.key):
+            group = self._groups[sid]
+            del group[sub.verbatim]
+            if not group:
+                del self._groups[sid]
+        else:
+            del self._singles[sid]
+        if sub.key.group is None:
+            self._plain.remove(sub.verbatim, sub)
+        if sid == self._top_sid:  # amortized O(1): each step passes an id released once
+            while self._top_sid and not self._in_use(self._top_sid):
+                self._top_sid -= 1
+
+    def _in_use(self, sid: int) -> bool:
+        return sid in self._singles or sid in self._groups
 
     def _allocate(self) -> int:
         if self._top_sid < MAX_SUBSCRIPTION_ID:
             self._top_sid += 1
             return self._top_sid
         sid = 1
-        while sid in self._by_sid:
+        while self._in_use(sid):
             sid += 1
         return sid
 

@@ -10,7 +10,6 @@ timing: when a flush runs, the spill of messages a peer has not acked after PERS
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +25,7 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
-from sidecar.peering.handshake import Accept, Handshake, Hello
+from sidecar.peering.handshake import INTEREST_CHUNKS, Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
@@ -45,12 +44,15 @@ from sidecar.routing.forwarder import (
     Unroutable,
 )
 from sidecar.routing.interest import (
+    InterestAction,
     LocalInterest,
     LocalSubscribe,
     LocalUnsubscribe,
     RemoteInterest,
     RequestSnapshot,
 )
+from sidecar.routing.interest_store import InterestPersister, open_store
+from sidecar.routing.lag import InterestLag
 from sidecar.routing.pacing import BATCH_MESSAGES, DRAIN_RATE, Pacing
 from sidecar.routing.receiver import (
     DeliverShared,
@@ -62,6 +64,9 @@ from sidecar.routing.table import InterestChange, SubscriptionTable
 log = logging.getLogger("mqfed.routing")
 
 BATCH_BYTES = 1 << 20
+INTEREST_LINGER = 0.01  # seconds: interest deltas go at most this often, so a burst of
+# subscriptions becomes a few large deltas (per-frame costs dominate small ones); a change
+# after a quiet moment goes at once
 PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
 # (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
@@ -107,10 +112,15 @@ class RoutingService:
         self.incarnation = hello.incarnation
         self.table = table
         self.spill_dir = run_dir / "spill"
-        self.state_path = run_dir / "routing-state.json"
+        self.state_path = run_dir / "routing-state.json"  # before: the whole state as JSON
         self.commands = commands
         self.local_interest = LocalInterest()
-        self.remote = RemoteInterest()
+        self.lag = InterestLag()
+        self._interest_changes: list[InterestChange] = []
+        self._interest_due = False
+        self._interest_sent_at = 0.0
+        self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
+        self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
         self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock)
         self.receiver = Receiver()
@@ -144,18 +154,15 @@ class RoutingService:
     # ---- lifecycle ---------------------------------------------------------------------
     def _restore(self) -> None:
         """A restarted sidecar's MQTT session still holds the forwarding subscriptions (and
-        unacked copies tagged with their identifiers): restore what they mean."""
-        try:
-            state = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return
-        self.remote.restore(state)
-        log.info("restored forwarding state", extra={"peers": len(state.get("peers", {}))})
-
-    def _save(self) -> None:
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.remote.export()))
-        tmp.replace(self.state_path)
+        unacked copies tagged with their identifiers): restore what they mean. The state is
+        kept as rows, written per change off the loop (sidecar.routing.interest_store)."""
+        store, state = open_store(self.state_path.with_name("routing-state.sqlite"),
+                                  self.state_path)
+        self.persister = InterestPersister(store)
+        if state["sids"]:
+            self.remote.restore(state)
+            log.info("restored forwarding state", extra={"peers": len(state["peers"]),
+                                                         "filters": len(state["sids"])})
 
     async def start(self, peers: Callable[[], Mapping[str, str]]) -> None:
         """Listen, then dial the membership view `peers()` returns *after* the listener is up
@@ -176,6 +183,8 @@ class RoutingService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.retained.stop()
+        await self.persister.flush()
+        self.persister.close()
         self.forward_client.close()
         await self.transport.stop()
         for queue in self.queues.values():
@@ -211,30 +220,61 @@ class RoutingService:
                 queue.store.close()
             self._offered_at.pop(peer, None)
             self.pacing.forget(peer)
+            self.lag.forget(peer)
+            self._chunked.discard(peer)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
                 self.queues[peer] = OutboundQueue(store, self.incarnation)
                 self._offered_at[peer] = {}
+                self.lag.track(peer)
         self.transport.set_peers(peers)
 
     # ---- local interest → peers ----------------------------------------------------------
     def on_interest_changes(self, changes: list[InterestChange]) -> None:
+        """Table changes: coalesced until this loop iteration ends, or `INTEREST_LINGER` after
+        the last delta went (a burst becomes a few deltas of up to `CHUNK_KEYS` keys), then sent
+        to every peer."""
         # $SYS topics describe each broker itself: a $SYS subscriber sees its own node's
-        changes = [c for c in changes if not c.key.filter.startswith("$SYS")]
-        delta = self.local_interest.apply(changes)
-        if delta is None:
-            return
-        frame = peer_frames.interest_delta_frame(delta)
-        for peer in self.queues:
-            self.transport.send(peer, frame)
+        self._interest_changes.extend(c for c in changes if not c.key.filter.startswith("$SYS"))
+        if not self._interest_due:
+            self._interest_due = True
+            wait = self._interest_sent_at + INTEREST_LINGER - time.monotonic()
+            loop = asyncio.get_running_loop()
+            if wait > 0:
+                loop.call_later(wait, self._send_interest)
+            else:
+                loop.call_soon(self._send_interest)
+
+    def _send_interest(self) -> None:
+        self._interest_due = False
+        changes, self._interest_changes = self._interest_changes, []
+        now = self._interest_sent_at = time.monotonic()
+        for delta in self.local_interest.apply_chunked(changes):
+            frame = peer_frames.interest_delta_frame(delta)
+            self.lag.on_sent(delta.to_version, now)
+            for peer in self.queues:
+                self.transport.send(peer, frame)
+
+    def _send_snapshot(self, peer: str) -> None:
+        """The whole interest to `peer`: in chunks if it takes them, else one frame."""
+        if peer in self._chunked:
+            for chunk in self.local_interest.snapshot_chunks():
+                self.transport.send(peer, peer_frames.interest_snapshot_frame(chunk))
+        else:
+            self.transport.send(peer, peer_frames.interest_snapshot_frame(
+                self.local_interest.snapshot()))
 
     # ---- PeerHandler ---------------------------------------------------------------------
     def on_outbound_up(self, peer: str, accept: Accept) -> None:
         log.info("peer stream up", extra={"peer": peer})
         self.on_peer_hello(accept.peer)
-        self.transport.send(peer, peer_frames.interest_snapshot_frame(
-            self.local_interest.snapshot()))
+        if INTEREST_CHUNKS in accept.capabilities:
+            self._chunked.add(peer)
+        else:
+            self._chunked.discard(peer)
+        self._send_interest()  # what the table changed before goes first: the snapshot has it
+        self._send_snapshot(peer)
         self.retained.on_peer_up(peer)
         if self.sessions is not None:
             self.sessions.on_peer_up(peer)
@@ -257,6 +297,8 @@ class RoutingService:
 
     def on_inbound_up(self, peer: str, accept: Accept) -> None:
         self.on_peer_hello(accept.peer)
+        if INTEREST_CHUNKS in accept.capabilities:
+            self._chunked.add(peer)
 
     def on_inbound_down(self, peer: str, reason: str) -> None:
         self.receiver.on_inbound_down(peer)  # unsent acks: the peer re-sends those messages
@@ -271,14 +313,17 @@ class RoutingService:
         elif kind == "ack_batch":
             self._on_acks(peer, frame.ack_batch.acks)
         elif kind == "interest_snapshot":
-            self._run_interest(self.remote.apply_snapshot(
-                peer, peer_frames.snapshot_from(frame.interest_snapshot)))
+            snapshot = peer_frames.snapshot_from(frame.interest_snapshot)
+            self._run_interest(self.remote.apply_snapshot(peer, snapshot),
+                               peer if snapshot.last else None)
         elif kind == "interest_delta":
             self._run_interest(self.remote.apply_delta(peer, peer_frames.delta_from(
-                frame.interest_delta)))
+                frame.interest_delta)), peer)
+        elif kind == "interest_applied":
+            self.lag.on_applied(peer, frame.interest_applied.version, time.monotonic())
         elif kind == "interest_request":
-            self.transport.send(peer, peer_frames.interest_snapshot_frame(
-                self.local_interest.snapshot()))
+            self._send_interest()
+            self._send_snapshot(peer)
         elif kind is not None and kind.startswith("retained_"):
             self.retained.on_frame(peer, frame, inbound)
         elif kind is not None and kind.startswith("session_") and self.sessions is not None:
@@ -288,18 +333,39 @@ class RoutingService:
         """A local client's retained publish (plugin event): the retained path takes it."""
         self.retained.on_local(event)
 
-    def _run_interest(self, actions) -> None:
-        if any(isinstance(a, (LocalSubscribe, LocalUnsubscribe)) for a in actions):
-            self._save()  # before Mosquitto hears of it: a crash never leaves unknown ids
+    def _run_interest(self, actions: list[InterestAction], applied: str | None = None) -> None:
+        """Persist the change's rows (off the loop), then issue its (un)subscriptions: a crash
+        never leaves Mosquitto with identifiers the restarted sidecar does not know. Then tell
+        `applied` (the peer whose interest this was) the version now in effect."""
+        local = [a for a in actions if isinstance(a, (LocalSubscribe, LocalUnsubscribe))]
         for action in actions:
-            if isinstance(action, LocalSubscribe):
-                self.forward_client.subscribe(action.filter, action.subscription_id,
-                                              action.no_local)
-            elif isinstance(action, LocalUnsubscribe):
-                self.forward_client.unsubscribe(action.filter)
-            elif isinstance(action, RequestSnapshot):
+            if isinstance(action, RequestSnapshot):
                 self.transport.reply(action.peer, peer_frames.interest_request_frame(
                     action.have_version or 0, action.reason))
+        version = self.remote.version(applied) if applied is not None else None
+
+        def then() -> None:
+            self._issue(local)
+            if version is not None:  # (a peer before 1.1 ignores it)
+                self.transport.reply(applied, peer_frames.interest_applied_frame(version))
+
+        self.persister.submit(self.remote.take_journal(), then)
+
+    def _issue(self, actions: list[LocalSubscribe | LocalUnsubscribe]) -> None:
+        """(Un)subscribe in order, many filters per packet."""
+        i = 0
+        while i < len(actions):
+            j = i
+            if isinstance(actions[i], LocalSubscribe):
+                while j < len(actions) and isinstance(actions[j], LocalSubscribe):
+                    j += 1
+                self.forward_client.subscribe_many([(a.filter, a.subscription_id, a.no_local)
+                                                    for a in actions[i:j]])
+            else:
+                while j < len(actions) and isinstance(actions[j], LocalUnsubscribe):
+                    j += 1
+                self.forward_client.unsubscribe_many([a.filter for a in actions[i:j]])
+            i = j
 
     # ---- origin side -----------------------------------------------------------------------
     def _on_fwd_connected(self, session_present: bool) -> None:
@@ -308,8 +374,7 @@ class RoutingService:
             if dropped:
                 log.warning("local session lost; pending local acks dropped",
                             extra={"count": dropped})
-            for sub in self.remote.subscriptions():
-                self.forward_client.subscribe(sub.filter, sub.subscription_id, sub.no_local)
+            self._issue(list(self.remote.subscriptions()))
             self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
 
     @property
@@ -578,6 +643,22 @@ class RoutingService:
             bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
             int(fields.get("backlog", 0))))
 
+    def interest_status(self) -> dict[str, Any]:
+        """Interest sent and received: per peer the lag (seconds since the oldest change it
+        has not applied), the deltas it trails by, the keys it holds here; rows not persisted
+        yet; recent lag quantiles."""
+        now = time.monotonic()
+        return {
+            "version": self.local_interest.version,
+            "keys": len(self.local_interest),
+            "persist_pending": self.persister.pending,
+            "peers": {p: {"lag_seconds": round(self.lag.lag(p, now), 3),
+                          "deltas_pending": self.lag.pending(p),
+                          "keys_held": self.remote.key_count(p)}
+                      for p in self.queues},
+            "lag": self.lag.quantiles(),
+        }
+
     def status(self) -> dict[str, Any]:
         return {
             "incarnation": self.incarnation,
@@ -587,7 +668,8 @@ class RoutingService:
             "forwarded": self.forwarder.forwarded,
             "skipped": self.forwarder.skipped,
             "pending_local_acks": self.forwarder.pending,
-            "forwarding_subscriptions": len(self.remote.local_subscriptions()),
+            "forwarding_subscriptions": self.remote.subscription_count(),
+            "interest": self.interest_status(),
             "fwd": self.forward_client.stats(),
             "overload": self.backpressure.status(),
             **self.counters,

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InterestKey:
     """A filter some local session subscribes to; `group` is its ``$share`` group or None."""
 
@@ -179,6 +179,10 @@ class SubscriptionTable:
     def interest(self) -> dict[InterestKey, int]:
         """Every key held by a session, with the number of sessions holding it."""
         return {key: sum(counts) for key, counts in self._qos_counts.items()}
+
+    def interest_count(self) -> int:
+        """How many keys are held (O(1))."""
+        return len(self._qos_counts)
 
     def max_qos(self, key: InterestKey) -> int:
         """The highest granted QoS among the sessions holding `key`; KeyError if none does."""

@@ -100,7 +100,8 @@ CORES = {
     "sidecar.local.pressure", "sidecar.local.mqtt_codec", "sidecar.local.event_stream",
     "sidecar.peering.dedup", "sidecar.peering.outbound", "sidecar.peering.handshake",
     "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
-    "sidecar.membership.routed", "sidecar.routing.acks",
+    "sidecar.membership.routed", "sidecar.routing.acks", "sidecar.routing.local_interest",
+    "sidecar.routing.lag", "sidecar.observability.latency",
     "sidecar.hlc", "sidecar.topics", "sidecar.message",
     "sidecar.sessions.record", "sidecar.sessions.registry",
 }

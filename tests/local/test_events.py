@@ -386,6 +386,15 @@ def test_snapshot_chunks_in_any_order() -> None:
     )
 
 
+def test_a_client_split_over_chunks_is_one_client_again() -> None:
+    asm = SnapshotAssembler("s1")
+    asm.feed(chunk(1, 3, [client("big", ("b", 1)), client("next", ("n", 0))]))
+    asm.feed(chunk(0, 3, [client("first"), client("big", ("a", 1))]))
+    snap = asm.feed(chunk(2, 3, [client("last")]))
+    assert [c.client for c in snap.clients] == ["first", "big", "next", "last"]
+    assert [s.filter for s in snap.clients[1].subscriptions] == ["a", "b"]
+
+
 def test_snapshot_of_an_empty_broker() -> None:
     assert SnapshotAssembler("s1").feed(chunk(0, 1, [])) == Snapshot("e", 10, ())
     assert SnapshotAssembler("s1").feed(chunk(0, 0, [])) == Snapshot("e", 10, ())

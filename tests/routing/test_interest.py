@@ -95,7 +95,7 @@ def test_snapshot_replaces_and_emits_only_the_difference():
     ri = RemoteInterest()
     ri.apply_snapshot("p1", snap(1, "a", "b"))
     actions = ri.apply_snapshot("p1", snap(1, "b", "c"))  # e.g. after a reconnect
-    assert actions == [LocalUnsubscribe("a", 1), LocalSubscribe("c", 3)]
+    assert actions == [LocalUnsubscribe("a", 1), LocalSubscribe("c", 2)]  # a, b shared id 1
     assert ri.keys("p1") == {K("b"), K("c")}
 
 
@@ -136,20 +136,20 @@ def test_invalid_keys_are_skipped_and_counted():
 
 def test_subscription_ids_grow_above_those_in_use_and_are_reused_from_the_top():
     ri = RemoteInterest()
-    ri.apply_snapshot("p1", snap(1, "a", "b", "c"))
-    assert ri.local_subscriptions() == {"a": 1, "b": 2, "c": 3}
-    ri.apply_delta("p1", delta(1, 2, removed=["a"]))
-    assert ri.apply_delta("p1", delta(2, 3, added=["d"])) == [LocalSubscribe("d", 4)]
-    ri.apply_delta("p1", delta(3, 4, removed=["c", "d"]))
-    assert ri.apply_delta("p1", delta(4, 5, added=["e"])) == [LocalSubscribe("e", 3)]
+    ri.apply_snapshot("p1", snap(1, "a/+", "b/+", "c/+"))
+    assert ri.local_subscriptions() == {"a/+": 1, "b/+": 2, "c/+": 3}
+    ri.apply_delta("p1", delta(1, 2, removed=["a/+"]))
+    assert ri.apply_delta("p1", delta(2, 3, added=["d/+"])) == [LocalSubscribe("d/+", 4)]
+    ri.apply_delta("p1", delta(3, 4, removed=["c/+", "d/+"]))
+    assert ri.apply_delta("p1", delta(4, 5, added=["e/+"])) == [LocalSubscribe("e/+", 3)]
 
 
 def test_subscription_ids_fall_back_to_the_smallest_free_at_the_limit():
     ri = RemoteInterest()
-    ri.apply_snapshot("p1", snap(1, "a", "b"))
+    ri.apply_snapshot("p1", snap(1, "a/+", "b/+"))
     ri._top_sid = MAX_SUBSCRIPTION_ID  # as if ids had climbed all the way
-    ri.apply_delta("p1", delta(1, 2, removed=["a"]))
-    assert ri.apply_delta("p1", delta(2, 3, added=["c"])) == [LocalSubscribe("c", 1)]
+    ri.apply_delta("p1", delta(1, 2, removed=["a/+"]))
+    assert ri.apply_delta("p1", delta(2, 3, added=["c/+"])) == [LocalSubscribe("c/+", 1)]
 
 
 def test_new_filter_never_steals_the_forwarding_copy():
@@ -163,13 +163,13 @@ def test_new_filter_never_steals_the_forwarding_copy():
 
 def test_stale_ids_are_ignored():
     ri = RemoteInterest()
-    ri.apply_snapshot("p1", snap(1, "a", "b"))
-    ri.apply_delta("p1", delta(1, 2, removed=["b"]))
-    ri.apply_delta("p1", delta(2, 3, added=["c"]))  # reuses id 2
-    assert ri.local_subscriptions() == {"a": 1, "c": 2}
-    assert not ri.forward_targets("b", [2])  # a late copy for the old "b"
-    assert not ri.forward_targets("b", [99])
-    assert ri.forward_targets("c", [2]).peers == {"p1"}
+    ri.apply_snapshot("p1", snap(1, "a/+", "b/+"))
+    ri.apply_delta("p1", delta(1, 2, removed=["b/+"]))
+    ri.apply_delta("p1", delta(2, 3, added=["c/+"]))  # reuses id 2
+    assert ri.local_subscriptions() == {"a/+": 1, "c/+": 2}
+    assert not ri.forward_targets("b/x", [2])  # a late copy for the old "b/+"
+    assert not ri.forward_targets("b/x", [99])
+    assert ri.forward_targets("c/x", [2]).peers == {"p1"}
 
 
 def test_shared_interest_joins_the_group_and_picks_one_peer():
@@ -232,8 +232,8 @@ def test_plain_and_shared_copies_of_one_message():
 def test_resubscribe_everything():
     ri = RemoteInterest()
     ri.apply_snapshot("p1", snap(1, "b", "a", "$share/g/c"))
-    assert ri.subscriptions() == [
-        LocalSubscribe("a", 1), LocalSubscribe("b", 2), LocalSubscribe("$share/g/c", 3)
+    assert ri.subscriptions() == [  # literal filters first, sharing an id
+        LocalSubscribe("a", 1), LocalSubscribe("b", 1), LocalSubscribe("$share/g/c", 2)
     ]
 
 
@@ -258,6 +258,10 @@ def test_local_interest_versions_and_deltas():
 # ---- properties ----------------------------------------------------------------------------
 
 LEVELS = ["a", "b", "$SYS", "+", "#"]
+
+
+def literal(verbatim: str) -> bool:
+    return not verbatim.startswith("$share/") and "+" not in verbatim and "#" not in verbatim
 
 
 def _filter(levels: list[str], group: str | None) -> str | None:
@@ -309,7 +313,9 @@ def test_properties(operations, sample_topics):
         for action in actions:
             if isinstance(action, LocalSubscribe):
                 assert action.filter not in subscribed
-                assert action.subscription_id not in subscribed.values()
+                holders = [f for f, sid in subscribed.items() if sid == action.subscription_id]
+                # only literal plain filters share an id (no topic matches two of them)
+                assert all(literal(f) for f in holders + [action.filter]) or not holders
                 subscribed[action.filter] = action.subscription_id
             elif isinstance(action, LocalUnsubscribe):
                 assert subscribed.pop(action.filter) == action.subscription_id
@@ -355,3 +361,44 @@ def test_export_restore_keeps_identifiers_and_decisions():
     in_use = again.local_subscriptions()
     assert in_use["b"] == new[0].subscription_id
     assert len(set(in_use.values())) == len(in_use), "identifiers stay unique"
+
+
+def test_literal_filters_share_ids_yet_forward_once():
+    ri = RemoteInterest(literal_group=2)
+    actions = ri.apply_snapshot("p1", snap(1, "a", "b", "c", "x/+"))
+    assert actions == [LocalSubscribe("a", 1), LocalSubscribe("b", 1), LocalSubscribe("c", 2),
+                       LocalSubscribe("x/+", 3)]  # literal first: ascending ids
+    ri.apply_snapshot("p2", snap(1, "x/a"))
+    assert forwarded(deliver(ri, "x/a")) == [{"p1", "p2"}]
+    assert not ri.forward_targets("b", [2])  # id 2 names "c" only
+    ri.apply_snapshot("p1", snap(1, "b", "c", "x/+"))  # "a" leaves, id 1 still has "b"
+    assert ri.forward_targets("b", [1]).peers == {"p1"} and not ri.forward_targets("a", [1])
+
+
+def test_chunked_snapshots_take_effect_with_the_last_chunk():
+    li = LocalInterest()
+    li.apply([InterestAdded(K(f"t/{i}")) for i in range(5)])
+    chunks = list(li.snapshot_chunks(max_keys=2))
+    assert [(c.chunk, c.last, len(c.keys)) for c in chunks] == [(0, False, 2), (1, False, 2),
+                                                                (2, True, 1)]
+    ri = RemoteInterest()
+    assert ri.apply_snapshot("p1", chunks[0]) == [] and ri.apply_snapshot("p1", chunks[1]) == []
+    assert len(ri.apply_snapshot("p1", chunks[2])) == 5 and ri.version("p1") == 1
+    [request] = ri.apply_snapshot("p1", chunks[1])  # out of order: ask again
+    assert isinstance(request, RequestSnapshot)
+    assert ri.apply_snapshot("p1", chunks[2]) == []  # still out of order, asked already
+    for chunk in chunks:
+        ri.apply_snapshot("p1", chunk)
+    assert ri.keys("p1") == li.snapshot().keys
+
+
+def test_large_deltas_are_split_in_consecutive_versions():
+    li = LocalInterest()
+    deltas = li.apply_chunked([InterestAdded(K(f"t/{i}")) for i in range(5)], max_keys=2)
+    assert [(d.from_version, d.to_version, len(d.added)) for d in deltas] == [
+        (0, 1, 2), (1, 2, 2), (2, 3, 1)]
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(0))
+    for d in deltas:
+        ri.apply_delta("p1", d)
+    assert ri.keys("p1") == li.snapshot().keys

@@ -12,6 +12,7 @@
 #include "sidecar.h"
 
 #define REPLY_PREFIX "$SYS/broker/mqfed/replies/"
+#define SNAPSHOT_SUBS 5000 /* subscriptions per snapshot chunk at most */
 
 enum deny_mode { DENY_RETRY, DENY_REFUSE, DENY_SESSION };
 
@@ -197,39 +198,46 @@ static bool get_uint(const cJSON *req, const char *key, uint64_t *out)
 
 /* ---- commands -------------------------------------------------------------------------- */
 
-static void cmd_snapshot(const struct request *rq)
+/* Walk the sessions in snapshot chunks: a chunk closes after `snapshot_chunk` entries or
+ * SNAPSHOT_SUBS subscriptions, and a client with more subscriptions than fit is split over
+ * consecutive chunks (entries of the same client, which the sidecar merges). With `rq` NULL
+ * only counts the chunks; else sends them, `chunks` being that count. */
+static unsigned snapshot_walk(const struct request *rq, unsigned chunks, uint64_t cut)
 {
-	unsigned n = model_sessions();
-	unsigned per = snapshot_chunk;
-	unsigned chunks = n == 0 ? 1 : (n + per - 1) / per;
-	unsigned chunk = 0, in_chunk = 0;
-	uint64_t cut = ev_snapshot_cut();
+	unsigned chunk = 0, entries = 0, subs = 0;
 	struct client *c;
 	cJSON *o = NULL, *list = NULL;
 
 	for(c = model_next(NULL); c; c = model_next(c)){
-		if(o == NULL){
-			o = reply_new(rq, true);
-			if(o){
-				cJSON_AddStringToObject(o, "epoch", ev_epoch());
-				cJSON_AddNumberToObject(o, "seq", (double)cut);
-				cJSON_AddNumberToObject(o, "chunk", chunk);
-				cJSON_AddNumberToObject(o, "chunks", chunks);
-				list = cJSON_AddArrayToObject(o, "clients");
+		unsigned left = model_client_subs(c);
+		void *from = NULL;
+		do{
+			unsigned take = left < SNAPSHOT_SUBS - subs ? left : SNAPSHOT_SUBS - subs;
+			if(rq && o == NULL){
+				o = reply_new(rq, true);
+				if(o){
+					cJSON_AddStringToObject(o, "epoch", ev_epoch());
+					cJSON_AddNumberToObject(o, "seq", (double)cut);
+					cJSON_AddNumberToObject(o, "chunk", chunk);
+					cJSON_AddNumberToObject(o, "chunks", chunks);
+					list = cJSON_AddArrayToObject(o, "clients");
+				}
 			}
-		}
-		if(list) cJSON_AddItemToArray(list, model_client_json(c));
-		in_chunk++;
-		if(in_chunk == per){
-			reply_send(rq, o);
-			o = NULL;
-			list = NULL;
-			in_chunk = 0;
-			chunk++;
-		}
+			if(rq && list) cJSON_AddItemToArray(list, model_client_json_part(c, &from, take));
+			entries++;
+			subs += take;
+			left -= take;
+			if(entries == snapshot_chunk || subs == SNAPSHOT_SUBS){
+				if(rq) reply_send(rq, o);
+				o = NULL;
+				list = NULL;
+				entries = subs = 0;
+				chunk++;
+			}
+		}while(left > 0);
 	}
-	if(chunk < chunks){
-		if(o == NULL){
+	if(entries > 0 || chunk == 0){
+		if(rq && o == NULL){
 			o = reply_new(rq, true);
 			if(o){
 				cJSON_AddStringToObject(o, "epoch", ev_epoch());
@@ -239,8 +247,18 @@ static void cmd_snapshot(const struct request *rq)
 				cJSON_AddArrayToObject(o, "clients");
 			}
 		}
-		reply_send(rq, o);
+		if(rq) reply_send(rq, o);
+		chunk++;
 	}
+	return chunk;
+}
+
+static void cmd_snapshot(const struct request *rq)
+{
+	unsigned chunks = snapshot_walk(NULL, 0, 0);
+	uint64_t cut = ev_snapshot_cut();
+
+	snapshot_walk(rq, chunks, cut);
 	ev_publish_pending();
 }
 

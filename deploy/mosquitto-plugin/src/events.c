@@ -17,6 +17,7 @@ struct event {
 
 /* options */
 static uint64_t window;
+static uint64_t batch = 1;     /* events per message at most (newline-separated) */
 static uint64_t buf_max_events;
 static uint64_t buf_max_bytes;
 
@@ -79,9 +80,11 @@ static void make_epoch(void)
 	}
 }
 
-int events_init(uint64_t window_opt, uint64_t max_events, uint64_t max_bytes)
+int events_init(uint64_t window_opt, uint64_t max_events, uint64_t max_bytes,
+		uint64_t batch_opt)
 {
 	window = window_opt;
+	batch = batch_opt ? batch_opt : 1;
 	buf_max_events = max_events;
 	buf_max_bytes = max_bytes;
 	next_seq = 1;
@@ -240,21 +243,53 @@ void ev_emit(cJSON *ev)
 void ev_publish_pending(void)
 {
 	uint64_t first;
+	char *buf = NULL;
+	size_t cap = 0;
 
 	if(!publishing || sidecar_conn() == NULL) return;
 	first = ev_oldest();
 	if(pub_next < first) pub_next = first;
 	while(pub_next < next_seq && pub_next <= acked + window){
-		struct event *e = ring_at((size_t)(pub_next - first));
-		int rc = mosquitto_broker_publish_copy(sidecar_id(), EVENTS_TOPIC,
-				(int)e->len, e->json, 1, false, NULL);
+		/* the events waiting (window permitting), up to `batch` of them in one message */
+		uint64_t n = 0, end = pub_next;
+		size_t len = 0;
+		const char *payload;
+		int rc;
+
+		while(end < next_seq && end <= acked + window && n < batch){
+			len += ring_at((size_t)(end - first))->len + (n ? 1 : 0);
+			end++;
+			n++;
+		}
+		if(n == 1){
+			payload = ring_at((size_t)(pub_next - first))->json;
+		}else{
+			uint64_t s;
+			size_t off = 0;
+			if(len > cap){
+				char *grown = realloc(buf, len);
+				if(grown == NULL) break; /* retried at the next tick */
+				buf = grown;
+				cap = len;
+			}
+			for(s = pub_next; s < end; s++){
+				struct event *e = ring_at((size_t)(s - first));
+				if(off) buf[off++] = '\n';
+				memcpy(buf + off, e->json, e->len);
+				off += e->len;
+			}
+			payload = buf;
+		}
+		rc = mosquitto_broker_publish_copy(sidecar_id(), EVENTS_TOPIC,
+				(int)len, payload, 1, false, NULL);
 		if(rc != MOSQ_ERR_SUCCESS){
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing event %lu failed (%d)",
 					(unsigned long)pub_next, rc);
 			break; /* retried at the next tick */
 		}
-		pub_next++;
+		pub_next = end;
 	}
+	free(buf);
 }
 
 void ev_ack(uint64_t seq)

@@ -14,7 +14,8 @@ struct ev_stats {
 	uint64_t published;        /* last seq published */
 };
 
-int events_init(uint64_t window, uint64_t max_events, uint64_t max_bytes);
+int events_init(uint64_t window, uint64_t max_events, uint64_t max_bytes,
+		uint64_t batch);
 void events_cleanup(void);
 const char *ev_epoch(void);
 cJSON *ev_new(const char *type);

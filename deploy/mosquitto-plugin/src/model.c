@@ -569,11 +569,20 @@ void model_fill_unknown_expiry(void)
 	}
 }
 
-cJSON *model_client_json(struct client *c)
+/* The client's subscriptions (for splitting a snapshot). */
+unsigned model_client_subs(const struct client *c)
+{
+	return c->sub_count;
+}
+
+/* The client as a snapshot entry with at most `max` of its subscriptions, from `*from` on
+ * (NULL: the first); `*from` is left at the next one (NULL after the last). */
+cJSON *model_client_json_part(struct client *c, void **from, unsigned max)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON *subs;
-	struct sub *s, *tmp;
+	struct sub *s = *from ? (struct sub *)*from : c->subs;
+	unsigned n = 0;
 
 	if(o == NULL) return NULL;
 	cJSON_AddStringToObject(o, "client", c->id);
@@ -587,7 +596,7 @@ cJSON *model_client_json(struct client *c)
 		cJSON_Delete(o);
 		return NULL;
 	}
-	HASH_ITER(hh, c->subs, s, tmp){
+	for(; s != NULL && n < max; s = s->hh.next, n++){
 		cJSON *j = cJSON_CreateObject();
 		if(j == NULL){
 			cJSON_Delete(o);
@@ -597,5 +606,13 @@ cJSON *model_client_json(struct client *c)
 		cJSON_AddNumberToObject(j, "qos", s->qos);
 		cJSON_AddItemToArray(subs, j);
 	}
+	*from = s;
 	return o;
+}
+
+cJSON *model_client_json(struct client *c)
+{
+	void *from = NULL;
+
+	return model_client_json_part(c, &from, UINT32_MAX);
 }

@@ -32,6 +32,8 @@ unsigned model_client_shared(const struct client *c);
 void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared);
 struct client_run *model_client_run(struct client *c);
 cJSON *model_client_json(struct client *c);
+unsigned model_client_subs(const struct client *c);
+cJSON *model_client_json_part(struct client *c, void **from, unsigned max);
 
 void pending_add(struct mosquitto *conn, const char *id, const char *username);
 void pending_resolve_conn(struct mosquitto *conn);

@@ -22,6 +22,7 @@
 struct module_opts {
 	const char *sidecar_id;
 	uint64_t window;
+	uint64_t batch;           /* event_batch */
 	uint64_t buf_max_events;
 	uint64_t buf_max_bytes;
 	unsigned snapshot_chunk;
@@ -99,6 +100,7 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	heartbeat_ms = 1000;
 	mo->sidecar_id = NULL;
 	mo->window = 500;
+	mo->batch = 1;
 	mo->buf_max_events = 1000000;
 	mo->buf_max_bytes = 268435456;
 	mo->snapshot_chunk = 500;
@@ -121,6 +123,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			if(parse_mode(k, val, &acl_grant)) return -1;
 		}else if(streq(k, "event_window")){
 			if(parse_u64(k, val, 1, 1000000, &mo->window)) return -1;
+		}else if(streq(k, "event_batch")){
+			if(parse_u64(k, val, 1, 10000, &mo->batch)) return -1;
 		}else if(streq(k, "buffer_max_events")){
 			if(parse_u64(k, val, 1, UINT32_MAX, &mo->buf_max_events)) return -1;
 		}else if(streq(k, "buffer_max_bytes")){
@@ -593,7 +597,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	pid = identifier;
 	*userdata = NULL;
 	if(parse_options(options, option_count, &mo) || sidecar_init(mo.sidecar_id)
-			|| events_init(mo.window, mo.buf_max_events, mo.buf_max_bytes)){
+			|| events_init(mo.window, mo.buf_max_events, mo.buf_max_bytes, mo.batch)){
 		free_all();
 		return MOSQ_ERR_INVAL;
 	}

@@ -21,12 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ftrie.h"
 #include "model.h"
 #include "shed.h"
-
-/* Beyond this many forwarding filters matching every one costs too much per publish: while
- * shedding, every QoS > 0 publish is then refused. */
-#define SHED_MATCH_MAX 4096
 
 /* A filter the forwarding connection subscribes to. */
 struct fwd_filter {
@@ -36,6 +33,7 @@ struct fwd_filter {
 };
 
 static struct fwd_filter *fwd_filters;
+static struct ftrie fwd_trie;     /* every fwd_filters' match, for wanted_by_fwd */
 static uint64_t fwd_backlog_max;  /* option fwd_backlog_max: 0 = never shed on the estimate */
 static uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidecar's last report */
 static uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
@@ -63,8 +61,14 @@ void shed_fwd_filter(const char *filter, bool subscribed)
 			return;
 		}
 		f->match = strip_share(f->filter);
+		if(!ftrie_add(&fwd_trie, f->match)){
+			free(f->filter);
+			free(f);
+			return;
+		}
 		HASH_ADD_KEYPTR(hh, fwd_filters, f->filter, strlen(f->filter), f);
 	}else if(!subscribed && f != NULL){
+		ftrie_remove(&fwd_trie, f->match);
 		HASH_DEL(fwd_filters, f);
 		free(f->filter);
 		free(f);
@@ -108,19 +112,10 @@ bool shed_active(void)
 	return fwd_backlog_max > 0 && shed_backlog() >= fwd_backlog_max;
 }
 
+/* Whether a forwarding filter matches: exact at any number of filters (a trie). */
 static bool wanted_by_fwd(const char *topic)
 {
-	struct fwd_filter *f, *tmp;
-	bool match;
-
-	if(HASH_COUNT(fwd_filters) > SHED_MATCH_MAX) return true;
-	HASH_ITER(hh, fwd_filters, f, tmp){
-		match = false;
-		if(mosquitto_topic_matches_sub(f->match, topic, &match) == MOSQ_ERR_SUCCESS && match){
-			return true;
-		}
-	}
-	return false;
+	return ftrie_matches(&fwd_trie, topic);
 }
 
 /* From the MESSAGE callback of an ordinary client's publish. True when the publisher was
@@ -159,6 +154,7 @@ void shed_cleanup(void)
 		free(f->filter);
 		free(f);
 	}
+	ftrie_free(&fwd_trie);
 	fwd_backlog_max = fwd_since_report = fwd_unread = 0;
 	fwd_reported_unacked = fwd_taken_seen = shed_total = 0;
 	shed_until_ms = shed_logged_ms = 0;

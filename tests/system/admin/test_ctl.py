@@ -102,6 +102,7 @@ def test_status_names_every_node_and_stream(meshed: AdminCluster) -> None:
         assert {p["peer"] for p in s["peers"]} == {"n1", "n2", "n3"} - {node}
     human = meshed.ctl("status")
     assert human.code == 0 and "peer streams" in human.out
+    assert "INTEREST LAG" in human.out and "DELTAS PENDING" in human.out
     assert all(f"\n{n} " in human.out for n in ("n1", "n2", "n3"))
 
 
@@ -231,6 +232,14 @@ def test_metrics_move_under_traffic(meshed: AdminCluster, subscriber: Sub) -> No
     assert ("mqfed_retained_purged_total", ()) in after2
     assert ("mqfed_plugin_event_gaps_total", ()) in after2
     assert ("mqfed_queue_messages", (("peer", "n1"),)) in after2
+    # n2's subscription reached n1 and n3: they put it into effect and said so
+    wait_for(lambda: _sample(meshed.metrics("n2"), "mqfed_interest_deltas_pending",
+                             peer="n1") == 0, 10, "n1 to apply n2's interest")
+    after2 = meshed.metrics("n2")
+    assert ("mqfed_interest_lag_seconds", (("peer", "n1"),)) in after2
+    assert _sample(after2, "mqfed_interest_lag_seconds", peer="n3") < 5
+    assert _sample(after2, "mqfed_interest_apply_seconds_count") >= 1
+    assert _sample(meshed.metrics("n1"), "mqfed_interest_keys_held", peer="n2") >= 1
     for probe in ("/healthz", "/readyz"):
         status, body = meshed.http("n2", probe)
         assert status == 200 and '"ok": true' in body, (probe, body)

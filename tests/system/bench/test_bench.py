@@ -91,3 +91,24 @@ def test_bench_with_mqtt311_publishers_at_qos2_loses_nothing(bench_dir: Path) ->
             (3000, 3000, 0, 0), case
     logs = (bench_dir / "cluster" / "nodes" / "n1" / "mosquitto.log").read_text()
     assert "as bench-pub-a-0 (p2, c0," in logs, "no MQTT 3.1.1 publisher (Mosquitto logs it as p2)"
+
+
+def test_scale_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -> None:
+    """`--scale` with small numbers: every filter granted and routed, churn measured, a joining
+    node routes everything; figures present, never judged for speed."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    result = mqfed("bench", "--scale", "--filters", "3000", "--churn-rate", "300",
+                   "--churn-seconds", "2", "--json", "--run-dir", str(bench_dir / "cluster"),
+                   "--base-port", str(_base_port()), timeout=300)
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    bulk, churn, join = report["bulk"], report["churn"], report["join"]
+    assert bulk["filters"] == 3000 and bulk["refused"] == 0
+    assert 0 < bulk["subacked_s"] <= bulk["routed_s"]
+    assert set(bulk["per_10k_filters"]) == {f"n{i} {p}" for i in (1, 2, 3)
+                                           for p in ("sidecar", "mosquitto")}
+    assert churn["refused"] == 0 and churn["deltas_applied"] > 0
+    assert 0 <= churn["lag_p50_ms"] <= churn["lag_p99_ms"]
+    assert join["node"] == "n4" and join["forwarding_subscriptions"] >= 3000
+    assert not find(str(bench_dir)), "bench left processes of its run dir running"

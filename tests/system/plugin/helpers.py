@@ -336,6 +336,7 @@ class FakeSidecar(Client):
         self.seen: set[int] = set()
         self.acked = 0
         self._since_ack = 0
+        self.event_messages = 0  # MQTT messages on the events topic
         self._stop = threading.Event()
         self._acker: threading.Thread | None = None
 
@@ -345,27 +346,35 @@ class FakeSidecar(Client):
                 self.other.append(msg)
             super()._on_message(client, userdata, msg)
             return
-        data = json.loads(msg.payload)
         ack = None
         with self.cond:
-            if msg.topic == EVENTS:
-                self.events.append(data)
-                if self.epoch is None:
-                    self.epoch = data["epoch"]
-                if data["epoch"] == self.epoch:
-                    self.seen.add(data["seq"])
-                    while self.contig + 1 in self.seen:
-                        self.contig += 1
-                    self._since_ack += 1
-                    if self.auto_ack and self._since_ack >= 100 and self.contig > self.acked:
-                        ack = self.contig
-                        self.acked = ack
-                        self._since_ack = 0
+            if msg.topic == EVENTS:  # several events per message with event_batch
+                self.event_messages += 1
+                for line in msg.payload.split(b"\n"):
+                    ack = self._on_event(json.loads(line)) or ack
             else:
+                data = json.loads(msg.payload)
                 self.replies.setdefault(data.get("id"), []).append(data)
             self.cond.notify_all()
         if ack is not None:
             self.send({"v": 1, "cmd": "ack", "seq": ack, "epoch": self.epoch})
+
+    def _on_event(self, data: dict) -> int | None:
+        """Record one event (under the lock); the seq to ack now, if any."""
+        self.events.append(data)
+        if self.epoch is None:
+            self.epoch = data["epoch"]
+        if data["epoch"] != self.epoch:
+            return None
+        self.seen.add(data["seq"])
+        while self.contig + 1 in self.seen:
+            self.contig += 1
+        self._since_ack += 1
+        if self.auto_ack and self._since_ack >= 100 and self.contig > self.acked:
+            self.acked = self.contig
+            self._since_ack = 0
+            return self.acked
+        return None
 
     def _ack_loop(self) -> None:
         while not self._stop.wait(0.05):

@@ -331,3 +331,36 @@ def test_churn_events_rebuild_the_snapshot(make_broker, clients):
     assert st["sessions"] == len(snap)
     assert st["clients"] == sum(1 for c in snap if c["online"])
     assert b.alive()
+
+
+def test_waiting_events_go_in_batches(make_broker, clients):
+    """With event_batch, events that wait for the window go several per message (newline
+    separated), in order and without a gap."""
+    b = make_broker(opts={"event_batch": 100})
+    sc = clients(FakeSidecar(b.sock)).start()
+    c = clients(Client("batch", port=b.port))
+    c.connect()
+    filters = [(f"batch/{i}", 1) for i in range(2000)]
+    for i in range(0, 2000, 500):
+        c.subscribe(filters[i:i + 500], timeout=30)
+    subs = sc.wait_type("subscribe", client="batch", count=2000, timeout=60)
+    assert_no_gap(sc.wait_synced(timeout=30))
+    assert [(e["filter"], e["qos"]) for e in subs] == filters
+    assert sc.event_messages < 2000 / 2, f"{sc.event_messages} messages for 2,000 events"
+
+
+def test_a_client_with_many_subscriptions_is_split_over_chunks(broker, clients):
+    """A chunk holds at most 5,000 subscriptions: a client with 12,000 comes as consecutive
+    entries in three chunks, which together hold each of its subscriptions once."""
+    sc = clients(FakeSidecar(broker.sock)).start()
+    c = clients(Client("many", port=broker.port))
+    c.connect()
+    filters = [(f"many/{i}", i % 3) for i in range(12000)]
+    for i in range(0, len(filters), 1000):
+        c.subscribe(filters[i:i + 1000], timeout=30)
+    sc.wait_type("subscribe", client="many", count=12000, timeout=60)
+    cut, entries = sc.snapshot(timeout=30)
+    parts = [e for e in entries if e["client"] == "many"]
+    assert [len(p["subscriptions"]) for p in parts] == [5000, 5000, 2000]
+    got = [(s["filter"], s["qos"]) for p in parts for s in p["subscriptions"]]
+    assert sorted(got) == sorted(filters)

@@ -15,6 +15,8 @@ from tests.system.plugin.helpers import (
     Client,
     FakeSidecar,
     RawClient,
+    _str,
+    _varint,
 )
 
 FWD_ID = SIDECAR_ID + ".fwd"
@@ -179,3 +181,38 @@ def test_copies_the_sidecar_has_not_taken_count_until_it_reports_them(make_broke
     # a restarted sidecar counts from 0 again: its count is taken as new
     node.sc.call("pressure", unacked=0, taken=1, shed_ms=0)
     assert node.stats()["fwd_backlog"] == 0
+
+
+def _subscribe_many(fwd: RawClient, filters: list[str], sub_id: int) -> list[int]:
+    """One SUBSCRIBE packet for all `filters` (QoS 2, No Local), as the sidecar sends them."""
+    mid = fwd._mid()
+    props = b"\x0b" + _varint(sub_id)
+    body = mid.to_bytes(2, "big") + _varint(len(props)) + props
+    body += b"".join(_str(f) + bytes([2 | 0x04]) for f in filters)
+    fwd._send(0x82, body)
+    return fwd.wait_ack(9, mid)
+
+
+def test_shed_matching_is_exact_beyond_4096_filters(node):
+    """The forwarding filters are matched through a trie: with 6,001 of them a publish no filter
+    matches is still accepted while shedding (it used to be refused past 4,096), and one the
+    last filter added matches is refused."""
+    literal = [f"many/{i}/x" for i in range(6000)]
+    for i in range(0, len(literal), 500):
+        assert _subscribe_many(node.fwd, literal[i:i + 500], 3) == [2] * 500
+    assert _subscribe_many(node.fwd, ["wild/+/y/#"], 4) == [2]
+    assert node.stats()["fwd_filters"] == 2 + 6001
+    assert node.sc.call("pressure", unacked=9000, taken=0, shed_ms=10000)["shedding"]
+    pub = node.publisher("pub-many")
+    for topic in ("many/6000/x", "many/5999", "many/5999/x/z", "wild/a/z", "wild/y"):
+        assert not shed(pub, topic, topic.encode()), f"{topic}: no filter matches it"
+    for topic in ("many/5999/x", "many/0/x", "wild/a/y", "wild/a/y/b/c", "t/deep/er"):
+        assert shed(node.publisher("pub-" + topic.replace("/", "-")), topic, b"wanted"), topic
+    # removing filters takes them out of the trie too
+    unsub = node.fwd._mid()
+    node.fwd._send(0xA2, unsub.to_bytes(2, "big") + b"\x00" + _str("many/5999/x"))
+    node.fwd.wait_ack(11, unsub)
+    deadline = time.monotonic() + 3
+    while node.stats()["fwd_filters"] != 2 + 6000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not shed(node.publisher("pub-after"), "many/5999/x", b"unsubscribed")

@@ -1,0 +1,173 @@
+"""`SqliteInterestStore`: peers' interest and the forwarding subscription identifiers, as rows
+(adapter).
+
+A restarted sidecar's MQTT session still holds its forwarding subscriptions, and copies tagged
+with their identifiers: this store lets it restore what they mean (`RemoteInterest.restore`).
+It is written incrementally from `RemoteInterest.take_journal()`: a change of k keys writes k
+rows (plus one per released identifier), whatever the interest held, never a whole-state dump.
+
+`InterestPersister` runs the writes on one worker thread, so the event loop never waits for the
+disk: journal batches are written in order, and each batch's follow-up (subscribing Mosquitto to
+what it persisted) runs on the loop once the batch is committed. While a batch is written, the
+next ones accumulate and go in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sidecar.routing.interest import JOURNAL_ADD, JOURNAL_FREE, JOURNAL_REMOVE, JournalOp
+
+__all__ = ["InterestPersister", "SqliteInterestStore"]
+
+log = logging.getLogger("mqfed.routing")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS interest (peer TEXT NOT NULL, filter TEXT NOT NULL,"
+    " PRIMARY KEY (peer, filter)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS sids (filter TEXT PRIMARY KEY, sid INTEGER NOT NULL)"
+    " WITHOUT ROWID",
+)
+
+
+class SqliteInterestStore:
+    """Rows ``interest(peer, filter)`` and ``sids(filter, sid)``. Use it from one thread at a
+    time (the persister's worker, or the loop before the persister starts)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        for statement in _SCHEMA:
+            self._db.execute(statement)
+        self.rows_written = 0  # rows inserted, replaced or deleted since opened
+
+    def load(self) -> dict[str, dict]:
+        """Everything stored, in `RemoteInterest.export()` form."""
+        peers: dict[str, list[str]] = {}
+        for peer, filter in self._db.execute("SELECT peer, filter FROM interest"):
+            peers.setdefault(peer, []).append(filter)
+        sids = dict(self._db.execute("SELECT filter, sid FROM sids"))
+        return {"peers": peers, "sids": sids}
+
+    def empty(self) -> bool:
+        return self._db.execute("SELECT 1 FROM sids LIMIT 1").fetchone() is None
+
+    def write(self, ops: list[JournalOp]) -> int:
+        """Apply journal ops in one transaction; returns the rows they changed."""
+        held: dict[tuple[str, str], bool] = {}  # (peer, filter) -> held after the batch
+        sids: dict[str, int] = {}  # filter -> its id after the batch, 0: released
+        for kind, peer, filter, sid in ops:  # in order: the last op on a row wins
+            if kind == JOURNAL_ADD:
+                held[peer, filter] = True
+                sids[filter] = sid
+            elif kind == JOURNAL_REMOVE:
+                held[peer, filter] = False
+            elif kind == JOURNAL_FREE:
+                sids[filter] = 0
+        add = [row for row, on in held.items() if on]
+        remove = [row for row, on in held.items() if not on]
+        sid = [(f, s) for f, s in sids.items() if s]
+        free = [(f,) for f, s in sids.items() if not s]
+        before = self._db.total_changes
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            db.executemany("DELETE FROM interest WHERE peer = ? AND filter = ?", remove)
+            db.executemany("DELETE FROM sids WHERE filter = ?", free)
+            db.executemany("INSERT OR IGNORE INTO interest VALUES (?, ?)", add)
+            db.executemany("INSERT OR REPLACE INTO sids VALUES (?, ?)", sid)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        changed = db.total_changes - before
+        self.rows_written += changed
+        return changed
+
+    def replace(self, state: dict[str, dict]) -> None:
+        """Store `state` (export() form) instead of what is there (a migration)."""
+        db = self._db
+        db.execute("BEGIN")
+        db.execute("DELETE FROM interest")
+        db.execute("DELETE FROM sids")
+        db.executemany("INSERT INTO interest VALUES (?, ?)",
+                       [(p, f) for p, fs in state.get("peers", {}).items() for f in fs])
+        db.executemany("INSERT INTO sids VALUES (?, ?)", list(state.get("sids", {}).items()))
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_store(path: Path, legacy_json: Path) -> tuple[SqliteInterestStore, dict[str, dict]]:
+    """Open the store and load it; a `routing-state.json` left by an older version is moved in
+    (and removed) when the store is still empty."""
+    store = SqliteInterestStore(path)
+    if store.empty() and legacy_json.exists():
+        try:
+            store.replace(json.loads(legacy_json.read_text()))
+        except (OSError, ValueError) as exc:
+            log.warning("old routing state unreadable, ignored", extra={"error": str(exc)})
+        legacy_json.unlink(missing_ok=True)
+    return store, store.load()
+
+
+class InterestPersister:
+    """Writes journal batches on a worker thread, in order; runs each batch's `then` callback
+    on the loop after its rows are committed. `pending` counts ops not yet committed."""
+
+    def __init__(self, store: SqliteInterestStore) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="interest-store")
+        self._queue: list[tuple[list[JournalOp], Callable[[], None]]] = []
+        self._running: asyncio.Future | None = None
+        self.pending = 0
+        self.batches = 0  # transactions committed
+
+    def submit(self, ops: list[JournalOp], then: Callable[[], None]) -> None:
+        """Persist `ops`, then call `then` on the loop (in submission order: at once when
+        there is nothing to write and nothing before it)."""
+        if not ops and self._running is None and not self._queue:
+            then()
+            return
+        self._queue.append((ops, then))
+        self.pending += len(ops)
+        if self._running is None:
+            self._start()
+
+    def _start(self) -> None:
+        batch, self._queue = self._queue, []
+        ops = [op for part, _ in batch for op in part]
+        loop = asyncio.get_running_loop()
+        self._running = loop.run_in_executor(self._pool, self.store.write, ops)
+        self._running.add_done_callback(lambda fut: self._done(fut, batch, len(ops)))
+
+    def _done(self, fut: asyncio.Future, batch: list, count: int) -> None:
+        self._running = None
+        self.pending -= count
+        self.batches += 1
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("persisting forwarding state failed: %s (a restart may forward fewer "
+                      "of the copies Mosquitto still holds)", fut.exception())
+        for _, then in batch:
+            then()
+        if self._queue:
+            self._start()
+
+    async def flush(self) -> None:
+        """Wait until everything submitted is committed and followed up."""
+        while self._running is not None:
+            await asyncio.shield(self._running)
+            await asyncio.sleep(0)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.close()

@@ -1,0 +1,56 @@
+"""The forwarding client packs many filters per SUBSCRIBE and UNSUBSCRIBE packet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sidecar.local.forward_client import PACKET_FILTERS, ForwardClient
+
+
+class Recorder:
+    """Stands in for the paho client: records the packets asked for."""
+
+    def __init__(self) -> None:
+        self.packets: list[tuple[str, list[str], int | None]] = []
+
+    def subscribe(self, topics, properties=None):
+        [sid] = properties.SubscriptionIdentifier  # paho keeps it as a list
+        self.packets.append(("sub", [t for t, _ in topics], sid))
+        return 0, len(self.packets)
+
+    def unsubscribe(self, topics):
+        self.packets.append(("unsub", list(topics), None))
+        return 0, len(self.packets)
+
+
+def _client() -> tuple[ForwardClient, Recorder]:
+    fc = ForwardClient(Path("/nonexistent"), "s", "n1.fwd", on_copies=lambda c: None,
+                       on_published=lambda t: None, on_connected=lambda p: None)
+    fc._client = rec = Recorder()
+    return fc, rec
+
+
+def test_one_packet_per_identifier_run_and_size():
+    fc, rec = _client()
+    subs = [(f"d/{i}", 1, True) for i in range(PACKET_FILTERS + 10)]
+    subs += [("a/+", 2, True), ("$share/g/x", 3, False), ("e/1", 4, True), ("e/2", 4, True)]
+    fc.subscribe_many(subs)
+    assert [(kind, len(filters), sid) for kind, filters, sid in rec.packets] == [
+        ("sub", PACKET_FILTERS, 1), ("sub", 10, 1), ("sub", 1, 2), ("sub", 1, 3), ("sub", 2, 4)]
+    assert fc.subscribe_packets == 5
+    fc.unsubscribe_many([f"d/{i}" for i in range(PACKET_FILTERS + 1)])
+    assert [len(f) for kind, f, _ in rec.packets if kind == "unsub"] == [PACKET_FILTERS, 1]
+
+
+def test_suback_codes_are_read_per_filter():
+    fc, rec = _client()
+    fc.subscribe_many([("a", 1, True), ("b", 1, True)])
+
+    class Code:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    refused = []
+    fc._refused = lambda f, sid, code: refused.append((f, sid, code))
+    fc._on_subscribe(None, None, 1, [Code(2), Code(0x87)], None)
+    assert refused == [("b", 1, 0x87)]
