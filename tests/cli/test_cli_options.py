@@ -18,7 +18,8 @@ from sidecar.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CTL_SUBCOMMANDS = ("status", "nodes", "routes", "subscriptions", "clients", "retained", "trace")
+CTL_SUBCOMMANDS = ("status", "nodes", "routes", "subscriptions", "clients", "sessions", "retained",
+                   "trace")
 # every option of `mqfed ctl` itself, with a value unlike its default
 CTL_OPTIONS = {
     "--node": ["10.0.0.9:7999"],
@@ -29,7 +30,7 @@ CTL_OPTIONS = {
     "--json": [],
 }
 # subcommands with their own `--node ID` (a node filter): there it keeps that meaning
-OWN_NODE = {"status", "routes", "subscriptions", "clients", "retained"}
+OWN_NODE = {"status", "routes", "subscriptions", "clients", "sessions", "retained"}
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
