@@ -18,6 +18,7 @@ from tests.system.node.mqtt import Client
 from tests.system.retained.helpers import (
     expiry_props,
     index_values,
+    index_versions,
     read_retained,
     retained_status,
     wait_converged,
@@ -139,6 +140,12 @@ def test_conflicting_writes_from_three_nodes_converge(cluster_factory):
         assert values[node] == index_values(cluster, node), f"{node}'s Mosquitto = its index"
     assert values["n1"] == values["n2"] == values["n3"], "every Mosquitto holds the same"
     assert set(values["n1"]) == set(topics)
+    # the winner: each write is in its own node's file, which keeps a topic's highest version
+    versions = {n: index_versions(cluster, n) for n in NODES}
+    winners = {t: max(versions[n][t] for n in NODES) for t in topics}
+    for node in NODES:
+        assert versions[node] == winners, f"{node} holds the highest-HLC write of every topic"
+        assert values[node] == {t: v[2] for t, v in winners.items()}, node
     assert {retained_status(cluster, n)["digest"] for n in NODES} == {digest}
     accepted = sum(retained_status(cluster, n)["local_accepted"] for n in NODES)
     assert accepted > 25, "writes from several nodes were accepted"
