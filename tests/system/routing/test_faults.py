@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 
 from tests.harness.procs import wait_for
+from tests.harness.proxy import CuttableProxy
 from tests.system.cluster.conftest import mqfed
 from tests.system.node.mqtt import Client
-from tests.system.routing.traffic import check_sequence
+from tests.system.routing.traffic import SteadyPublisher, check_sequence, values
 
 
 def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
@@ -66,6 +68,53 @@ def test_origin_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
 
 def test_receiving_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
     _kill_sidecar_under_load(cluster_factory, "n2")
+
+
+def test_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged(
+        cluster_factory):
+    """n2's sidecar frozen (SIGSTOP) under QoS 1 load from n1, so n2 acks nothing; n1's
+    sidecar is killed (SIGKILL) meanwhile and what it had sent but n2 had not read is lost
+    with it (the stream passes a proxy that resets it: the bytes a crashed machine never
+    sent; a killed process's kernel would still deliver them). Then n2 resumes and n1
+    restarts. The copies n1 held only in memory survive as Mosquitto's unacked copies:
+    every message its publisher got a PUBACK for reaches the subscriber, in order."""
+    cluster = cluster_factory(2)
+    proxy = CuttableProxy(cluster.grpc_port("n2"))
+    sub = pub = None
+    try:
+        cluster.advertise_via("n2", proxy.address)
+        sub = Client(cluster.ports["n2"], "frozen-sub", clean=False, session_expiry=600)
+        assert sub.wait_connected()
+        sub.subscribe("frozen/x", qos=1)
+        cluster.wait_interest("n2", "frozen/x")
+        pub = SteadyPublisher(cluster.ports["n1"], "frozen/x", rate=400).start()
+        wait_for(lambda: len(sub.messages) > 200, 15, "traffic flowing")
+        receiver = cluster.sidecar_pid("n2")
+        proxy.cut()
+        os.kill(receiver, signal.SIGSTOP)
+        try:
+            wait_for(lambda: cluster.routing("n1")["queues"]["n2"]["count"] > 400, 10,
+                     "n1 holds what the frozen n2 has not acked")
+            result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1",
+                           "--sidecar-only")
+            assert result.returncode == 0, result.stderr
+            proxy.drop()
+        finally:
+            os.kill(receiver, signal.SIGCONT)
+            proxy.restore()
+        result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1")
+        assert result.returncode == 0, result.stderr
+        sent = pub.stop()
+        pub = None
+        with contextlib.suppress(TimeoutError):  # check_sequence names what is missing
+            wait_for(lambda: len(set(values(sub))) >= sent, 30, "every acknowledged message")
+        check_sequence(values(sub), sent)
+    finally:
+        if pub is not None:
+            pub.stop()
+        if sub is not None:
+            sub.close()
+        proxy.close()
 
 
 def test_receiving_sidecar_down_10s_then_backlog_drains_in_order(cluster_factory):

@@ -5,25 +5,10 @@ from __future__ import annotations
 
 from tests.harness.procs import wait_for
 from tests.harness.proxy import CuttableProxy
-from tests.system.cluster.conftest import mqfed
 from tests.system.node.mqtt import Client
 from tests.system.routing.traffic import SteadyPublisher, check_sequence, values
 
 CUTS = 4  # attempts to catch envelopes delivered whose ack was still on the way
-
-
-def _route_through(cluster, node: str, proxy: CuttableProxy) -> None:
-    """Restart `node`'s sidecar (its Mosquitto stays) advertising `proxy` as its gRPC
-    address, so that every peer's stream to it passes the proxy."""
-    result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), node, "--sidecar-only")
-    assert result.returncode == 0, result.stderr
-    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), node,
-                   env={"MQFED_GRPC_ADVERTISE": proxy.address})
-    assert result.returncode == 0, result.stderr
-    others = [o for o in cluster.ports if o != node]
-    wait_for(lambda: all(cluster.routing(o).get("peers", {}).get(node, {}).get("address")
-                         == proxy.address for o in others), 20, f"peers dial {node} via proxy")
-    cluster.wait_meshed()
 
 
 def _outbound(cluster, src: str, dst: str) -> dict:
@@ -35,12 +20,10 @@ def test_cut_peer_stream_under_qos1_load_delivers_each_message_once(cluster_fact
     were still on the way come again after the stream is back (n2 counts them as
     duplicates); the subscriber gets every message once, in order."""
     cluster = cluster_factory(2)
-    grpc_port = int(next(n["grpc"] for n in cluster.info["nodes"]
-                         if n["id"] == "n2").rpartition(":")[2])
-    proxy = CuttableProxy(grpc_port)
+    proxy = CuttableProxy(cluster.grpc_port("n2"))
     sub = pub = None
     try:
-        _route_through(cluster, "n2", proxy)
+        cluster.advertise_via("n2", proxy.address)
         sub = Client(cluster.ports["n2"], "cut-sub")
         assert sub.wait_connected()
         sub.subscribe("cut/x", qos=1)
