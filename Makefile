@@ -12,7 +12,7 @@ DEMO_NODES ?= 3
 DEMO_PORT ?= 1883
 PYTEST_ARGS ?=
 
-.PHONY: install apt venv proto plugin demo test lint clean images
+.PHONY: install apt venv proto plugin demo test lint clean images mutants
 
 install: apt venv proto plugin
 
@@ -59,6 +59,10 @@ lint: venv
 # the container images, and announces loudly when the container tests cannot run
 test: install lint
 	deploy/docker/with-engine.sh $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# issue 23: break the code on purpose (11 mutations), check the named tests fail; not in `test`
+mutants: install
+	$(VENV)/bin/python deploy/ci/mutants.py $(MUTANTS_ARGS)
 
 images: install
 	deploy/docker/build.sh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 
 from tests.harness.procs import free_port
@@ -13,7 +14,8 @@ __all__ = ["CuttableProxy"]
 class CuttableProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target`. `cut()` black-holes it (nothing is
     forwarded, new connections hang unanswered, like a partition); `restore()` heals it and
-    the stalled data flows again. Threads only: `close()` stops it all."""
+    the stalled data flows again; `drop()` resets the connections it holds, losing what they
+    carried (a crashed machine's unsent bytes). Threads only: `close()` stops it all."""
 
     def __init__(self, target: int) -> None:
         self.target = target
@@ -36,6 +38,18 @@ class CuttableProxy:
 
     def restore(self) -> None:
         self._open.set()
+
+    def drop(self) -> None:
+        """Reset every current connection (RST both ways); bytes held in the proxy or its
+        socket buffers are lost. New connections are served as before (once restored)."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+            sock.close()
 
     def close(self) -> None:
         self._closed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import signal
 import time
 import urllib.request
@@ -115,6 +116,13 @@ async def key_exists(e: Etcd, node: str, i: int = 0) -> bool:
         return await c.get(f"/{CLUSTER}/nodes/{node}".encode()) is not None
 
 
+async def key_lease(e: Etcd, node: str, i: int = 0) -> int:
+    """The lease id `node`'s key is held under (0: no key)."""
+    async with aetcd.Client("127.0.0.1", e.client_ports[i], timeout=2) as c:
+        kv = await c.get(f"/{CLUSTER}/nodes/{node}".encode())
+        return 0 if kv is None else kv.lease
+
+
 def test_grpc_target_for_several_endpoints() -> None:
     assert grpc_target(["127.0.0.1:1"]) == ("127.0.0.1", 1)
     assert grpc_target(["http://127.0.0.1:1", "127.0.0.2:2", "127.0.0.3:3"]) == \
@@ -192,8 +200,10 @@ def test_duplicate_node_id_refused(etcd1: Etcd) -> None:
 
 
 def test_etcd_outage_keeps_view_and_reregisters(etcd1: Etcd, caplog) -> None:
-    """etcd down for longer than the TTL: both keep their last view; after etcd returns
-    they are registered again and the watch works again (a newcomer is seen)."""
+    """etcd down for longer than the TTL, and back with its data lost (its data dir wiped: a
+    replaced etcd; one restarted with its data would keep the leases and prove nothing):
+    both keep their last view meanwhile; then each registers again under a new lease and
+    the watch works again (a newcomer sees both, both see it)."""
     caplog.set_level(logging.INFO, logger="mqfed.membership")
 
     async def main() -> None:
@@ -204,15 +214,23 @@ def test_etcd_outage_keeps_view_and_reregisters(etcd1: Etcd, caplog) -> None:
             await a.start()
             await b.start()
             await eventually(lambda: "b" in a.peers(), 2, "a sees b")
+            old = {m.record.node_id: m._lease_id for m in (a, b)}
             etcd1.kill(0)
-            await asyncio.sleep(TTL + 2)
+            shutil.rmtree(etcd1.root / "m0")
+            await asyncio.sleep(TTL + 2)  # the outage: longer than the lease TTL
             assert a.peers() == {"b": b.record.grpc} and b.peers() == {"a": a.record.grpc}
             etcd1.start(0)
             await asyncio.to_thread(etcd1.wait_healthy, 0)
-            await eventually(lambda: key_exists(etcd1, "a"), 5, "a registered again")
-            await eventually(lambda: key_exists(etcd1, "b"), 5, "b registered again")
+            for m in (a, b):
+                node = m.record.node_id
+                await eventually(lambda node=node: key_lease(etcd1, node), 5,
+                                 f"{node} registered again")
+                lease = await key_lease(etcd1, node)
+                assert lease == m._lease_id and lease != old[node], (
+                    f"{node}'s key is under its new lease {m._lease_id}, not {old[node]}")
             await c.start()
             await eventually(lambda: "c" in a.peers() and "c" in b.peers(), 5, "c seen")
+            assert c.peers().keys() == {"a", "b"}, "the newcomer sees both re-registered"
             assert a.peers().keys() == {"b", "c"}
         finally:
             for m in (a, b, c):

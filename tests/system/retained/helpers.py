@@ -82,3 +82,17 @@ def index_values(cluster, node: str) -> dict[str, bytes]:
         return {t: bytes(p) for t, p, e in rows if e is None or e > now}
     finally:
         db.close()
+
+
+def index_versions(cluster, node: str) -> dict[str, tuple[int, str, bytes]]:
+    """topic -> (hlc, origin, payload) of every row of a node's durable retained index. The
+    file keeps a row's highest version whatever arrives later (its own last-writer-wins)."""
+    import sqlite3
+
+    path = cluster.run_dir / "nodes" / node / "retained.sqlite"
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT topic, hlc, origin, payload FROM retained")
+        return {t: (h, o, bytes(p)) for t, h, o, p in rows}
+    finally:
+        db.close()

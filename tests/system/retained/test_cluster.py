@@ -18,6 +18,7 @@ from tests.system.node.mqtt import Client
 from tests.system.retained.helpers import (
     expiry_props,
     index_values,
+    index_versions,
     read_retained,
     retained_status,
     wait_converged,
@@ -139,6 +140,12 @@ def test_conflicting_writes_from_three_nodes_converge(cluster_factory):
         assert values[node] == index_values(cluster, node), f"{node}'s Mosquitto = its index"
     assert values["n1"] == values["n2"] == values["n3"], "every Mosquitto holds the same"
     assert set(values["n1"]) == set(topics)
+    # the winner: each write is in its own node's file, which keeps a topic's highest version
+    versions = {n: index_versions(cluster, n) for n in NODES}
+    winners = {t: max(versions[n][t] for n in NODES) for t in topics}
+    for node in NODES:
+        assert versions[node] == winners, f"{node} holds the highest-HLC write of every topic"
+        assert values[node] == {t: v[2] for t, v in winners.items()}, node
     assert {retained_status(cluster, n)["digest"] for n in NODES} == {digest}
     accepted = sum(retained_status(cluster, n)["local_accepted"] for n in NODES)
     assert accepted > 25, "writes from several nodes were accepted"
@@ -206,7 +213,8 @@ def test_partition_with_conflicting_writes_heals(cluster_factory):
     for i in range(20):
         pub3.publish(f"part/{i}", b"side-b" if i % 4 else b"", qos=1, retain=True)
     pub3.publish("part/only-b", b"b", qos=1, retain=True)
-    time.sleep(1.0)
+    wait_for(lambda: read_retained(cluster.ports["n2"], "part/only-b", quiet=0.2) == {
+        "part/only-b": b"b"}, 10, "side b's writes replicated within side b")
     a_side, b_side = read_retained(cluster.ports["n1"], "part/#"), \
         read_retained(cluster.ports["n2"], "part/#")
     assert "part/only-b" not in a_side and "part/only-a" not in b_side, "really partitioned"
@@ -287,7 +295,9 @@ def test_shared_group_gets_a_retained_publish_once_cluster_wide(cluster_factory)
     for i in range(30):
         pubs[NODES[i % 3]].publish(f"sh/{i}", f"m{i}".encode(), qos=1, retain=True)
     wait_converged(cluster, NODES, 30)
-    time.sleep(1.0)
+    wait_for(lambda: sum(len(c.messages) for c in members.values()) >= 30
+             and len(plain.messages) >= 30, 10, "every publish delivered")
+    time.sleep(0.5)  # settle: a second copy to the group would come now
     got = sorted(m.payload for c in members.values() for m in c.messages)
     assert got == sorted(f"m{i}".encode() for i in range(30)), "once per group, cluster-wide"
     assert sorted(m.payload for m in plain.messages) == sorted(f"m{i}".encode()

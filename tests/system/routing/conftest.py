@@ -60,6 +60,26 @@ class Cluster:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; not up: {'; '.join(missing())}") from None
 
+    def sidecar_pid(self, node: str) -> int:
+        return int(self.state(node)["pid"])
+
+    def grpc_port(self, node: str) -> int:
+        return int(next(n["grpc"] for n in self.info["nodes"]
+                        if n["id"] == node).rpartition(":")[2])
+
+    def advertise_via(self, node: str, address: str) -> None:
+        """Restart `node`'s sidecar (its Mosquitto stays) advertising `address` (a proxy of
+        its gRPC port) to its peers, so that every stream to it passes there."""
+        result = mqfed("stop-node", "--run-dir", str(self.run_dir), node, "--sidecar-only")
+        assert result.returncode == 0, result.stderr
+        result = mqfed("start-node", "--run-dir", str(self.run_dir), node,
+                       env={"MQFED_GRPC_ADVERTISE": address})
+        assert result.returncode == 0, result.stderr
+        others = [o for o in self.ports if o != node]
+        wait_for(lambda: all(self.routing(o).get("peers", {}).get(node, {}).get("address")
+                             == address for o in others), 20, f"peers dial {node} at {address}")
+        self.wait_meshed()
+
     def wait_interest(self, node: str, filt: str, timeout: float = 10.0) -> None:
         """Every other node subscribes `filt` on its Mosquitto for `node`'s clients."""
         def seen() -> bool:

@@ -8,9 +8,15 @@ import threading
 import time
 
 from tests.harness.procs import wait_for
+from tests.harness.proxy import CuttableProxy
 from tests.system.cluster.conftest import mqfed
 from tests.system.node.mqtt import Client
-from tests.system.routing.traffic import check_sequence
+from tests.system.routing.traffic import (
+    SteadyPublisher,
+    check_sequence,
+    values,
+    wait_arrivals,
+)
 
 
 def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
@@ -34,10 +40,11 @@ def _check_sequence(sub: Client, count: int) -> None:
 
 
 def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0,
-                             count: int = 1500) -> None:
+                             count: int = 1500, env: dict[str, str] | None = None) -> int:
     """QoS 1 load n1 → subscriber on n2; SIGKILL `victim`'s sidecar (its Mosquitto stays up),
-    restart it `downtime` seconds later; every message must arrive, in publish order."""
-    cluster = cluster_factory(3)
+    restart it `downtime` seconds later; every message must arrive, in publish order.
+    Returns how many messages n1 held for n2 when n2 came back (n2 the victim)."""
+    cluster = cluster_factory(3, env=env)
     topic = f"load/{victim}"
     sub = Client(cluster.ports["n2"], f"fault-sub-{victim}", clean=False, session_expiry=600)
     assert sub.wait_connected()
@@ -48,16 +55,17 @@ def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0
     result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), victim, "--sidecar-only")
     assert result.returncode == 0, result.stderr
     time.sleep(downtime)
+    queued = 0
     if victim == "n2":
         queued = cluster.routing("n1")["queues"]["n2"]["count"]
         assert queued > 0, "messages for the absent peer wait in the origin's queue"
     result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim)
     assert result.returncode == 0, result.stderr
     thread.join(30)
-    wait_for(lambda: len({m.payload for m in sub.messages}) >= count, 60,
-             "every message after the restart")
+    wait_arrivals(sub, count)  # every message after the restart, or stalled
     _check_sequence(sub, count)
     sub.close()
+    return queued
 
 
 def test_origin_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory):
@@ -68,11 +76,70 @@ def test_receiving_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory)
     _kill_sidecar_under_load(cluster_factory, "n2")
 
 
+def test_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged(
+        cluster_factory):
+    """n2's sidecar frozen (SIGSTOP) under QoS 1 load from n1, so n2 acks nothing; n1's
+    sidecar is killed (SIGKILL) meanwhile and what it had sent but n2 had not read is lost
+    with it (the stream passes a proxy that resets it: the bytes a crashed machine never
+    sent; a killed process's kernel would still deliver them). Then n2 resumes and n1
+    restarts. The copies n1 held only in memory survive as Mosquitto's unacked copies:
+    every message its publisher got a PUBACK for reaches the subscriber, in order."""
+    cluster = cluster_factory(2)
+    proxy = CuttableProxy(cluster.grpc_port("n2"))
+    sub = pub = None
+    try:
+        cluster.advertise_via("n2", proxy.address)
+        sub = Client(cluster.ports["n2"], "frozen-sub", clean=False, session_expiry=600)
+        assert sub.wait_connected()
+        sub.subscribe("frozen/x", qos=1)
+        cluster.wait_interest("n2", "frozen/x")
+        pub = SteadyPublisher(cluster.ports["n1"], "frozen/x", rate=400).start()
+        wait_for(lambda: len(sub.messages) > 200, 15, "traffic flowing")
+        receiver = cluster.sidecar_pid("n2")
+        proxy.cut()
+        os.kill(receiver, signal.SIGSTOP)
+        try:
+            wait_for(lambda: cluster.routing("n1")["queues"]["n2"]["count"] > 400, 10,
+                     "n1 holds what the frozen n2 has not acked")
+            result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1",
+                           "--sidecar-only")
+            assert result.returncode == 0, result.stderr
+            proxy.drop()
+        finally:
+            os.kill(receiver, signal.SIGCONT)
+            proxy.restore()
+        result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1")
+        assert result.returncode == 0, result.stderr
+        sent = pub.stop()
+        pub = None
+        wait_arrivals(sub, sent)  # every acknowledged message, or stalled
+        check_sequence(values(sub), sent)
+    finally:
+        if pub is not None:
+            pub.stop()
+        if sub is not None:
+            sub.close()
+        proxy.close()
+
+
 def test_receiving_sidecar_down_10s_then_backlog_drains_in_order(cluster_factory):
     """Issue 3: a peer's sidecar stopped for 10 s under QoS 1 load to its subscribers; its
     backlog (memory, then SQLite) drains in order, paced so the subscriber's queue on the
     receiving Mosquitto (max_queued_messages) never overflows."""
     _kill_sidecar_under_load(cluster_factory, "n2", downtime=10.0, count=5000)
+
+
+def test_backlog_beyond_max_queued_messages_drains_paced(cluster_factory, readable_dir):
+    """Issue 23: with max_queued_messages 1000 on every node, n2's sidecar away for 10 s
+    under QoS 1 load leaves n1 a backlog of about 4,000 for it. Sent at once it would overrun
+    the subscriber's queue on n2's Mosquitto, which drops silently past 1,000; drain pacing
+    is what keeps every message."""
+    conf = readable_dir / "small-queue.conf"
+    conf.write_text("max_queued_messages 1000\n")
+    conf.chmod(0o644)
+    queued = _kill_sidecar_under_load(cluster_factory, "n2", downtime=10.0, count=5000,
+                                      env={"MQFED_MQTT_INCLUDE": str(conf)})
+    assert queued > 2000, f"the backlog ({queued}) exceeds max_queued_messages"
 
 
 def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):

@@ -106,8 +106,7 @@ def test_dollar_topics_and_hash(cluster_factory):
     pub.publish("$app/x", b"dollar", qos=1)
     pub.publish("plain/x", b"plain", qos=1)
     assert [m.payload for m in dollar_sub.wait_count(1)] == [b"dollar"]
-    got = hash_sub.wait_count(1)
-    time.sleep(0.5)
+    got = hash_sub.wait_count(1)  # a leaked $app/x, published first, would come first
     assert all(not m.topic.startswith("$") for m in hash_sub.messages)
     assert [m.payload for m in got] == [b"plain"]
     for c in (hash_sub, dollar_sub, pub):
@@ -150,17 +149,40 @@ def test_five_nodes_no_loops_no_duplicates(cluster_factory):
         c.close()
 
 
-def test_sys_topics_stay_on_their_node(cluster_factory):
+def test_sys_topics_stay_on_their_node(cluster_factory, readable_dir):
     """`$SYS/#` is each broker's own status: a subscriber on n2 never makes n1 or n3 forward
-    theirs (and a '#' subscriber gets no $SYS at all)."""
-    cluster = cluster_factory(3)
-    sys_sub, plain = _clients(cluster, ("n2", "sys-sub", {}), ("n2", "plain-sub", {}))
+    theirs, and a '#' subscriber gets no $SYS at all, also once every broker has published
+    $SYS updates while it was subscribed (sys_interval 1 s here)."""
+    conf = readable_dir / "sys.conf"
+    conf.write_text("sys_interval 1\n")
+    conf.chmod(0o644)
+    cluster = cluster_factory(3, env={"MQFED_MQTT_INCLUDE": str(conf)})
+    sys_sub, plain, everything = _clients(cluster, ("n2", "sys-sub", {}),
+                                          ("n2", "plain-sub", {}), ("n2", "hash-sub", {}))
     sys_sub.subscribe("$SYS/#", 0)
     plain.subscribe("marker", 1)
     cluster.wait_interest("n2", "marker")
     for other in ("n1", "n3"):
         subs = cluster.routing(other)["forwarding_subscriptions"]
         assert subs == 1, f"{other} forwards only 'marker', not $SYS ({subs})"
-    assert cluster.routing("n2")["received"] == 0
-    for c in (sys_sub, plain):
+    everything.subscribe("#", 1)
+    cluster.wait_interest("n2", "#")
+    watchers = {n: _clients(cluster, (n, f"sys-watch-{n}", {}))[0] for n in ("n1", "n3")}
+    watchers["n2"] = sys_sub
+    for watcher in watchers.values():
+        watcher.messages.clear()
+        watcher.subscribe("$SYS/broker/uptime", 0)
+    for node, watcher in watchers.items():  # a live update, not the retained copy
+        wait_for(lambda w=watcher: any(not m.retain for m in list(w.messages)), 10,
+                 f"{node}'s broker published $SYS with '#' subscribed on n2")
+    pubs = _clients(cluster, ("n1", "marker-pub-n1", {}), ("n3", "marker-pub-n3", {}))
+    for node, pub in zip(("n1", "n3"), pubs, strict=True):  # after what they would forward
+        pub.publish("marker", node.encode())
+    wait_for(lambda: {m.payload for m in list(everything.messages)
+                      if m.topic == "marker"} == {b"n1", b"n3"}, 10, "both markers")
+    leaked = sorted({m.topic for m in list(everything.messages) if m.topic.startswith("$")})
+    assert not leaked, f"'#' got $SYS topics: {leaked[:5]}"
+    wait_for(lambda: cluster.routing("n2").get("received", 0) >= 2, 5, "n2's status")
+    assert cluster.routing("n2")["received"] == 2, "only the markers came from peers"
+    for c in (sys_sub, plain, everything, watchers["n1"], watchers["n3"], *pubs):
         c.close()

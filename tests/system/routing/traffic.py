@@ -7,7 +7,7 @@ import time
 
 from tests.system.node.mqtt import Client
 
-__all__ = ["SteadyPublisher", "check_contiguous", "check_sequence", "values"]
+__all__ = ["SteadyPublisher", "check_contiguous", "check_sequence", "values", "wait_arrivals"]
 
 
 class SteadyPublisher:
@@ -52,6 +52,24 @@ class SteadyPublisher:
 def values(sub: Client, topic: str | None = None) -> list[int]:
     """The integer payloads `sub` received (on `topic`), in arrival order."""
     return [int(m.payload) for m in list(sub.messages) if topic is None or m.topic == topic]
+
+
+def wait_arrivals(sub: Client, count: int, stall: float = 10.0, limit: float = 60.0) -> int:
+    """Wait until `sub` got `count` distinct payloads, or got nothing new for `stall` seconds,
+    or `limit` passed; returns how many distinct payloads arrived (the caller's check names
+    what is missing)."""
+    deadline = time.monotonic() + limit
+    seen, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        got = len({m.payload for m in list(sub.messages)})
+        if got >= count:
+            return got
+        if got != seen:
+            seen, since = got, time.monotonic()
+        elif time.monotonic() - since > stall:
+            break
+        time.sleep(0.1)
+    return len({m.payload for m in list(sub.messages)})
 
 
 def check_sequence(got: list[int], count: int) -> None:
