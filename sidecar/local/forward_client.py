@@ -115,6 +115,8 @@ class ForwardClient:
         self.on_connected = on_connected
         self._loop: asyncio.AbstractEventLoop | None = None
         self._copies: list[LocalCopy] = []
+        self._probes: dict[bytes, asyncio.Future] = {}  # barrier probes awaited
+        self._probed: list[bytes] = []  # arrived, resolved at the next flush
         self._published: list[int] = []
         self._flush_scheduled = False
         self._ready = asyncio.Event()
@@ -177,6 +179,9 @@ class ForwardClient:
         client = self._client
         if msg.topic == PROBE_TOPIC:
             self.tracker.on_probe(msg.mid)
+            if msg.payload in self._probes:  # a barrier: resolved once the copies before it
+                self._probed.append(msg.payload)  # have been handed over (`_flush`)
+                self._schedule()
             recover = self.tracker.holding
             client.ack(msg.mid, msg.qos)
         else:
@@ -335,6 +340,20 @@ class ForwardClient:
             self.on_copies(copies)
         if published:
             self.on_published(published)
+        probed, self._probed = self._probed, []
+        for token in probed:
+            fut = self._probes.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def expect_probe(self, token: bytes) -> asyncio.Future:
+        """A future resolved when the plugin's probe with payload `token` has arrived and
+        every copy Mosquitto routed here before it has been handed to `on_copies`."""
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._probes[token] = fut
+        fut.add_done_callback(lambda f: self._probes.pop(token, None))
+        return fut
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Connect with a persistent session (unacked copies are redelivered after a crash)."""

@@ -249,7 +249,8 @@ class Node:
         assert link is not None
         self.sessions = SessionService(
             self.config.node_id, incarnation, self.layout.run_dir, self.layout.socket_path,
-            secret, link.request, routing.transport, lambda: list(routing.queues))
+            secret, link.request, routing.transport, lambda: list(routing.queues),
+            routing.settle_to)
         routing.sessions = self.sessions
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then

@@ -172,6 +172,13 @@ class PluginSync:
         tail of a burst (sidecar.local.midgaps)."""
         self._spawn(self._probe())
 
+    async def probe_with(self, token: bytes) -> None:
+        """A probe to the forwarding client carrying `token` (a barrier, see
+        `RoutingService.settle_to`); raises when the plugin refuses or does not answer."""
+        assert self.link is not None
+        await self.link.request("deliver", client=DEFAULT_SIDECAR_ID + ".fwd",
+                                topic=PROBE_TOPIC, payload=token, qos=1)
+
     async def _probe(self) -> None:
         assert self.link is not None
         try:

@@ -227,6 +227,22 @@ class OutboundQueue:
         """Every message of our incarnation with seq <= this reached the store or was acked."""
         return self._durable_through
 
+    @property
+    def last_key(self) -> int:
+        """The key of the newest message ever queued (0: none)."""
+        return self._next_key - 1
+
+    def oldest_key(self) -> int | None:
+        """The key of the oldest message still queued (unsent or unacked; None: empty)."""
+        keys = [next(iter(self._sent))] if self._sent else []
+        if self._unsent:
+            keys.append(self._unsent[0].key)
+        if self.store.count():
+            stored = self.store.read_batch(0, 1)
+            if stored:
+                keys.append(stored[0].key)
+        return min(keys) if keys else None
+
     def count(self) -> int:
         """Messages queued (memory and store), in flight included."""
         return self.store.count() + self.memory_count()

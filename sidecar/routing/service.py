@@ -10,6 +10,7 @@ timing: when a flush runs, the spill of messages a peer has not acked after PERS
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -81,6 +82,9 @@ class PluginCommands(Protocol):
     def probe_forwarding(self) -> None:
         """Send the forwarding client a probe (sidecar.local.midgaps)."""
 
+    async def probe_with(self, token: bytes) -> None:
+        """Send the forwarding client a probe carrying `token` (a barrier)."""
+
     def report_pressure(self, report: Report,
                         on_reply: Callable[[dict[str, Any]], None]) -> None:
         """Report the overload state; `on_reply` gets the plugin's answer."""
@@ -147,6 +151,7 @@ class RoutingService:
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
         self.pacing = Pacing(fwd.max_queued)
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
+        self._barriers = itertools.count(1)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
                                         lambda: list(self.queues), read_retained,
                                         tombstone_grace)
@@ -593,6 +598,31 @@ class RoutingService:
     def _on_ack_timer(self) -> None:
         self._ack_timer = None
         self._run_receive(self.receiver.on_timer(time.monotonic()))
+
+    async def settle_to(self, peer: str, timeout: float) -> bool:
+        """A barrier: returns once every message Mosquitto had routed to the forwarding client
+        until now and that goes to `peer` has been acknowledged by `peer` (its broker holds
+        it). False if that took longer than `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        token = f"barrier-{next(self._barriers)}".encode()
+        probed = self.forward_client.expect_probe(token)
+        try:
+            await self.commands.probe_with(token)
+            await asyncio.wait_for(probed, timeout)
+        except Exception as exc:  # the plugin did not answer, or the probe was lost
+            probed.cancel()
+            log.info("barrier probe failed: %s", exc, extra={"peer": peer})
+            return False
+        queue = self.queues.get(peer)
+        if queue is None:
+            return True
+        target = queue.last_key
+        while (oldest := queue.oldest_key()) is not None and oldest <= target:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     def shared_members(self, group: str, filter: str) -> list[str]:
         """Local clients holding ``$share/<group>/<filter>`` to pick from: the online ones,

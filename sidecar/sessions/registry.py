@@ -78,8 +78,9 @@ class Materialize:
 
 @dataclass(frozen=True, slots=True)
 class Drain:
-    """Take the messages queued here for `client` (first ending its `subscriptions` here, so
-    nothing more queues), hand them to `owner`, then delete the session here; report with
+    """Once every peer confirms that what it routed here so far is in (a barrier), hold the
+    session of `client` here (it queues nothing more), take the messages it queued (ending its
+    `subscriptions` here), hand them to `owner`, then delete the session here; report with
     `on_drained`."""
 
     client: str
@@ -182,11 +183,12 @@ class SessionRegistry:
         if record is None or not self._resumable(record, now_ms) or client in self.presence \
                 or record.owner == self.node_id:
             return []
-        # It queues from now on, while the node the client comes from still does: messages
-        # published until that node holds its copy reach the client twice (the handover
-        # window), but none that was routed to only one of the two is lost.
+        # Held (queueing nothing) until its client connects here: until then the node it
+        # comes from queues for it, and that node stops only after a barrier with every peer
+        # (the adapter's Drain), so nothing routed before the connect is missed.
         self.busy[client] = "materialize"
-        return [Materialize(record)]
+        self.holding.add(client)
+        return [Hold(client, True), Materialize(record)]
 
     def on_local_snapshot(self, online: dict[str, tuple[str | None, str, bool, int | None]],
                           sessions: set[str], now_ms: int) -> list[Action]:
@@ -337,11 +339,9 @@ class SessionRegistry:
             since, used = self.held.get(client, (0, False))
             gone = not self._resumable(record, now_ms)
             if record.connect_hlc > since or gone:  # it connected elsewhere since, or ended
-                if client not in self.holding:
-                    self.holding.add(client)
-                    out.append(Hold(client, True))
                 if used and not gone and not record.fresh:
-                    self.busy[client] = "drain"
+                    self.busy[client] = "drain"  # the adapter holds it after the barrier
+                    self.holding.add(client)
                     out.append(Drain(client, record.owner, tuple(record.subscriptions)))
                 else:
                     self.busy[client] = "discard"

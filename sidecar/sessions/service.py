@@ -48,6 +48,7 @@ from sidecar.sessions.sqlite import SqliteSessionStore
 log = logging.getLogger("mqfed.sessions")
 
 BACKLOG_TIMEOUT = 10.0
+SYNC_TIMEOUT = 3.0
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
 DETAIL_LIMIT = 1000
@@ -63,12 +64,15 @@ class SessionService:
 
     def __init__(self, node_id: str, incarnation: int, run_dir: Path, socket_path: Path,
                  secret: str, request: Request, transport: Any,
-                 peers: Callable[[], Iterable[str]]) -> None:
+                 peers: Callable[[], Iterable[str]],
+                 barrier: Callable[[str, float], Awaitable[bool]]) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.request = request  # the plugin's commands (LocalLink.request)
         self.transport = transport
         self.peers = peers
+        self.barrier = barrier  # RoutingService.settle_to
+        self._syncs: dict[tuple[str, int], asyncio.Future] = {}
         self.store = SqliteSessionStore(run_dir / "sessions.sqlite")
         self.clock = HybridClock()
         self.registry = SessionRegistry(node_id, self.clock)
@@ -84,7 +88,8 @@ class SessionService:
         self._handover = [0] * (len(HANDOVER_BUCKETS) + 1)  # per bucket, then beyond
         self._handover_sum = 0.0
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
-                         "commands_failed": 0, "frames_out": 0}
+                         "commands_failed": 0, "frames_out": 0,
+                         "sync_timeouts": 0}
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -135,10 +140,7 @@ class SessionService:
         sessions = {c.client for c in snapshot.clients
                     if not c.online and not c.client.startswith(DEFAULT_SIDECAR_ID)}
         self._run(self.registry.on_local_snapshot(online, sessions, _wall_ms()))
-        task = asyncio.get_running_loop().create_task(
-            self._open_gate(list(self._chains.values())))
-        self._others.add(task)
-        task.add_done_callback(self._others.discard)
+        self._spawn(self._open_gate(list(self._chains.values())))
 
     async def _open_gate(self, pending: list[asyncio.Task]) -> None:
         """Once the deny list and this node's own sessions are in place, let connects that
@@ -159,6 +161,14 @@ class SessionService:
         elif kind == "session_backlog":
             msg = frame.session_backlog
             self._chain(msg.client, self._receive_backlog(peer, msg, inbound))
+        elif kind == "session_sync":
+            msg = frame.session_sync
+            self._spawn(self._answer_sync(peer, msg.client, msg.exchange, inbound))
+        elif kind == "session_synced":
+            msg = frame.session_synced
+            fut = self._syncs.pop((peer, msg.exchange), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.ok)
         elif kind == "session_backlog_ack":
             msg = frame.session_backlog_ack
             fut = self._backlog_acks.pop((msg.client, msg.exchange), None)
@@ -243,8 +253,41 @@ class SessionService:
                             len(HANDOVER_BUCKETS))] += 1
         self._run(self.registry.on_materialized(record.client, True, _wall_ms()))
 
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._others.add(task)
+        task.add_done_callback(self._others.discard)
+
+    async def _answer_sync(self, peer: str, client: str, exchange: int, inbound: bool) -> None:
+        ok = await self.barrier(peer, SYNC_TIMEOUT)
+        self._send(peer, wire.synced_frame(client, exchange, ok), reply=inbound)
+
+    async def _sync(self, client: str) -> None:
+        """Every peer's barrier: what each routed here until now is in our Mosquitto."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for peer in self.peers():
+            exchange = next(self._exchanges)
+            fut = loop.create_future()
+            if self._send(peer, wire.sync_frame(client, exchange)):
+                self._syncs[(peer, exchange)] = fut
+                waits.append((peer, exchange, fut))
+        for peer, exchange, fut in waits:
+            try:
+                ok = await asyncio.wait_for(fut, SYNC_TIMEOUT + 1.0)
+            except TimeoutError:
+                ok = False
+            finally:
+                self._syncs.pop((peer, exchange), None)
+            if not ok:
+                self.counters["sync_timeouts"] += 1
+                log.warning("a peer's barrier for a moving session timed out; going on",
+                            extra={"peer": peer, "client": client})
+
     async def _drain(self, action: Drain) -> None:
         ok = False
+        await self._sync(action.client)
+        await self._command("hold", client=action.client, on=True)
         try:
             shadow = await self.shadows.drain(action.client, action.subscriptions)
         except Exception as exc:

@@ -59,3 +59,13 @@ def backlog_from(msg: peer_pb2.SessionBacklog) -> list[Envelope]:
 def backlog_ack_frame(client: str, exchange: int, ok: bool) -> bytes:
     return peer_pb2.Frame(session_backlog_ack=peer_pb2.SessionBacklogAck(
         client=client, exchange=exchange, ok=ok)).SerializeToString()
+
+
+def sync_frame(client: str, exchange: int) -> bytes:
+    return peer_pb2.Frame(session_sync=peer_pb2.SessionSync(
+        client=client, exchange=exchange)).SerializeToString()
+
+
+def synced_frame(client: str, exchange: int, ok: bool) -> bytes:
+    return peer_pb2.Frame(session_synced=peer_pb2.SessionSynced(
+        client=client, exchange=exchange, ok=ok)).SerializeToString()

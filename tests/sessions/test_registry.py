@@ -173,17 +173,19 @@ def test_a_failed_operation_is_retried_after_a_pause():
     assert n1.on_tick(c.now + 2_000) == [drain]
 
 
-def test_the_old_owner_holds_its_copy_before_draining_it():
+def test_a_copy_made_ahead_of_its_client_is_held_until_it_connects():
     c = Cluster()
     c.connect("n1", "dev")
     c.disconnect("n1", "dev")
     n3 = c.nodes["n3"]
     c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    assert c.take("n3", Hold) == [Hold("dev", True)]
     c.run("n3", n3.on_materialized("dev", True, c.now))
     c.connect("n3", "dev", present=True)
-    assert c.take("n3", Hold) == []  # the new copy queues from the start: nothing lost
-    # the old owner holds its copy (queues nothing more) before draining it
-    assert c.take("n1", Hold) == [Hold("dev", True)]
+    assert c.take("n3", Hold) == [Hold("dev", False)]
+    # the old owner drains (holding its copy after the barrier: the adapter's part)
+    assert c.take("n1", Drain) == [Drain("dev", "n3", ())]
+    assert "dev" in c.nodes["n1"].holding
     c.run("n1", c.nodes["n1"].on_drained("dev", True, c.now))
     assert c.take("n1", Hold) == [Hold("dev", False)]
 

@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.harness.procs import wait_for
 from tests.system.sessions.clients import Device, publish
@@ -137,4 +139,24 @@ def test_a_clean_start_anywhere_discards_the_session_everywhere(shared_cluster):
     publish(cluster.ports["n3"], topic, 5)
     time.sleep(1.0)
     assert dev.payloads() == [], "the discarded session's subscription still delivers"
+    dev.leave()
+
+
+def test_a_session_expires_once_everywhere(shared_cluster):
+    """Session Expiry Interval 2 s, set anew in the DISCONNECT of a session made with 600 s:
+    after it, no node offers the session (session present 0 anywhere) and none keeps it."""
+    cluster = shared_cluster
+    dev = _session(cluster, "n1", "expire/x")
+    dev.connect(cluster.ports["n1"])
+    props = Properties(PacketTypes.DISCONNECT)
+    props.SessionExpiryInterval = 2
+    dev.client.disconnect(properties=props)
+    dev.client.loop_stop()
+    wait_for(lambda: dev.client_id not in cluster.state("n1").get("sessions", {}), 10,
+             "n1's Mosquitto expired the session")
+    for node in ("n2", "n3"):
+        wait_for(lambda n=node: dev.client_id not in
+                 (cluster.state(n).get("cluster_sessions") or {}).get("clients", []), 5,
+                 f"{node} forgot the session")
+    assert dev.connect(cluster.ports["n2"]) is False, "an expired session was offered"
     dev.leave()
