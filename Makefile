@@ -60,7 +60,7 @@ lint: venv
 test: install lint
 	deploy/docker/with-engine.sh $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-# issue 23: break the code on purpose (11 mutations), check the named tests fail; not in `test`
+# issue 23: break the code on purpose (13 mutations), check the named tests fail; not in `test`
 mutants: install
 	$(VENV)/bin/python deploy/ci/mutants.py $(MUTANTS_ARGS)
 

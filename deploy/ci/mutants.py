@@ -79,6 +79,16 @@ MUTANTS = (
            '(F.col("expected") & ~F.col("received")).alias("lost")',
            '(F.col("expected") & F.col("received")).alias("lost")',
            ("tests/system/pipeline/test_metrics.py",)),
+    Mutant("a moved session's queue is not handed over", "sidecar/sessions/service.py",
+           "        if not queued:\n            return True\n",
+           "        if True:\n            return True\n",
+           ("tests/system/sessions/test_sessions.py::"
+            "test_a_session_resumes_on_another_node_with_what_it_missed",)),
+    Mutant("a connect elsewhere does not take over", "sidecar/sessions/registry.py",
+           "                out.append(Kick(record.client, with_will=not kept or record.fresh))\n",
+           "                pass\n",
+           ("tests/system/sessions/test_sessions.py::"
+            "test_a_connect_anywhere_takes_over_the_older_connection",)),
     Mutant("nothing resent after a reconnect", "sidecar/peering/outbound.py",
            "            self._unsent.extendleft(reversed(self._sent.values()))\n",
            "            pass\n", ("tests/peering/test_outbound.py",)),
