@@ -298,8 +298,10 @@ class SessionRegistry:
 
     def _change_subs(self, client: str, now_ms: int, change) -> list[Action]:
         record = self._owned(client)
-        if record is None or self.presence.get(client) != "online":
-            return []  # shadows and sessions owned elsewhere change nothing
+        if record is None or self.presence.get(client) != "online" or not record.persistent:
+            # shadows and sessions owned elsewhere change nothing; the subscriptions of a
+            # session that ends with its connection are never resumed: not replicated
+            return []
         subs = dict(record.subscriptions)
         change(subs)
         if subs == record.subscriptions:

@@ -203,3 +203,12 @@ def test_the_owner_rebuilds_a_session_its_mosquitto_lost():
     assert c.take("n1", Hold) == []  # it queues: it is the only copy
     c.run("n1", n1.on_materialized("dev", True, c.now))
     assert c.take("n1", Admit) == [Admit("dev")]
+
+
+def test_subscriptions_of_a_session_that_ends_with_its_connection_are_not_replicated():
+    reg = SessionRegistry("n1")
+    reg.on_connect("dev", None, "mqtt5", True, 0, False, 1_000)
+    assert reg.on_subscribe("dev", "a/#", 1, 1_001) == []
+    reg.on_connect("kept", None, "mqtt5", True, 60, False, 1_000)
+    [publish] = reg.on_subscribe("kept", "a/#", 1, 1_001)
+    assert isinstance(publish, Publish) and publish.record.subscriptions == {"a/#": 1}
