@@ -144,10 +144,10 @@ class SessionRegistry:
         return self._release(client) + self._store(record) + self._settle(client, now_ms)
 
     def on_subscribe(self, client: str, filter: str, qos: int, now_ms: int) -> list[Action]:
-        return self._change_subs(client, now_ms, lambda subs: subs.__setitem__(filter, qos))
+        return self._change_subs(client, filter, qos, now_ms)
 
     def on_unsubscribe(self, client: str, filter: str, now_ms: int) -> list[Action]:
-        return self._change_subs(client, now_ms, lambda subs: subs.pop(filter, None))
+        return self._change_subs(client, filter, None, now_ms)
 
     def on_disconnect(self, client: str, taken_over: bool, session_kept: bool,
                       expiry: int | None, now_ms: int) -> list[Action]:
@@ -285,29 +285,35 @@ class SessionRegistry:
 
     # ---- views ---------------------------------------------------------------------------
     def status(self, now_ms: int) -> dict[str, int]:
+        """Counts over every record (O(records); `counters` are kept as they happen)."""
         live = [r for r in self.records.values() if self._resumable(r, now_ms) or r.online]
         return {"records": len(self.records), "sessions": len(live),
                 "owned": sum(1 for r in live if r.owner == self.node_id),
                 "online": sum(1 for r in live if r.online),
-                "denied": len(self.denied), "busy": len(self.busy), **self.counters}
+                "denied": len(self.denied), "busy": len(self.busy)}
 
     # ---- internals -----------------------------------------------------------------------
     def _owned(self, client: str) -> SessionRecord | None:
         record = self.records.get(client)
         return record if record is not None and record.owner == self.node_id else None
 
-    def _change_subs(self, client: str, now_ms: int, change) -> list[Action]:
+    def _change_subs(self, client: str, filter: str, qos: int | None,
+                     now_ms: int) -> list[Action]:
+        """Subscribe (`qos`) or unsubscribe (None) `filter` in the owned record: O(1), the
+        record's subscriptions change in place (records are values only between nodes)."""
         record = self._owned(client)
         if record is None or self.presence.get(client) != "online" or not record.persistent:
             # shadows and sessions owned elsewhere change nothing; the subscriptions of a
             # session that ends with its connection are never resumed: not replicated
             return []
-        subs = dict(record.subscriptions)
-        change(subs)
-        if subs == record.subscriptions:
+        subs = record.subscriptions
+        if subs.get(filter) == qos:
             return []
-        return self._store(replace(record, subscriptions=subs,
-                                   change_hlc=self.clock.now(now_ms).pack()))
+        if qos is None:
+            del subs[filter]
+        else:
+            subs[filter] = qos
+        return self._store(replace(record, change_hlc=self.clock.now(now_ms).pack()))
 
     def _release(self, client: str) -> list[Action]:
         if client not in self.holding:

@@ -30,6 +30,7 @@ from sidecar.local.events import (
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions import wire
+from sidecar.sessions.record import SessionRecord
 from sidecar.sessions.registry import (
     Admit,
     Deny,
@@ -73,6 +74,9 @@ class SessionService:
         self.peers = peers
         self.barrier = barrier  # RoutingService.settle_to
         self._syncs: dict[tuple[str, int], asyncio.Future] = {}
+        self._unpublished: dict[str, SessionRecord] = {}  # client -> record to send soon
+        self._stopped = False
+        self._counts: tuple[float, dict[str, int]] = (-1e9, {})
         self.store = SqliteSessionStore(run_dir / "sessions.sqlite")
         self.clock = HybridClock()
         self.registry = SessionRegistry(node_id, self.clock)
@@ -96,6 +100,9 @@ class SessionService:
         self._task = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
+        for client in list(self._unpublished):
+            self._publish(client)  # stored at least (the streams may be gone)
+        self._stopped = True
         tasks = [t for t in (self._task, *self._chains.values(), *self._others)
                  if t is not None]
         for task in tasks:
@@ -202,12 +209,29 @@ class SessionService:
                 self.store.forget(action.clients)
             else:  # pragma: no cover - a new action type must be wired here
                 raise TypeError(f"unhandled action {action!r}")
-        if publish:
-            self.store.save(publish)
-            frames = list(wire.records_frames(publish))
-            for peer in self.peers():
-                for data in frames:
-                    self._send(peer, data)
+        for record in publish:
+            self._publish_soon(record)
+
+    def _publish_soon(self, record: SessionRecord) -> None:
+        """Store and send `record` shortly: a client's changes within the delay go as one
+        record (the latest). The delay grows with its subscriptions (2 ms, and 1 ms per 20
+        more, at most 1 s), so a client subscribing to thousands of filters costs a few
+        whole-record sends, not one per filter."""
+        first = record.client not in self._unpublished
+        self._unpublished[record.client] = record
+        if first:
+            delay = min(1.0, 0.002 + len(record.subscriptions) / 20_000)
+            asyncio.get_running_loop().call_later(delay, self._publish, record.client)
+
+    def _publish(self, client: str) -> None:
+        record = self._unpublished.pop(client, None)
+        if record is None or self._stopped:
+            return
+        self.store.save([record])
+        frames = list(wire.records_frames([record]))
+        for peer in self.peers():
+            for data in frames:
+                self._send(peer, data)
 
     def _send(self, peer: str, data: bytes, reply: bool = False) -> bool:
         sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
@@ -354,7 +378,11 @@ class SessionService:
     # ---- views ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Counts (and, up to DETAIL_LIMIT records, the client ids with a live session)."""
-        out: dict[str, Any] = {**self.registry.status(_wall_ms()), **self.counters}
+        at, counts = self._counts
+        if time.monotonic() - at > 1.0:  # a pass over every record: at most once a second
+            counts = self.registry.status(_wall_ms())
+            self._counts = (time.monotonic(), counts)
+        out: dict[str, Any] = {**counts, **self.registry.counters, **self.counters}
         records = self.registry.records
         if len(records) <= DETAIL_LIMIT:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)
