@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sidecar.peering.outbound import QueuedMessage
+from sidecar.sqlite_db import open_db
 
 __all__ = ["SqliteSpillStore"]
 
@@ -32,11 +33,7 @@ class SqliteSpillStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db = open_db(self.path, _SCHEMA, any_thread=True)
         count, size, last = self._db.execute(
             "SELECT count(*), coalesce(sum(length(data)), 0), coalesce(max(key), 0) FROM spill"
         ).fetchone()

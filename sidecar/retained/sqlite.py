@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
 from sidecar.local.events import properties_from_json, properties_to_json
 from sidecar.retained.entry import RetainedEntry
+from sidecar.sqlite_db import open_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS retained (
@@ -28,11 +28,7 @@ class SqliteRetainedStore:
     """One row per topic: the newest entry (tombstones included)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db = open_db(path, _SCHEMA)
 
     def load(self) -> list[RetainedEntry]:
         rows = self._db.execute("SELECT topic, hlc, origin, deleted, payload, qos, properties, "

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sidecar.routing.interest import JOURNAL_ADD, JOURNAL_FREE, JOURNAL_REMOVE, JournalOp
+from sidecar.sqlite_db import open_db
 
 __all__ = ["InterestPersister", "SqliteInterestStore"]
 
@@ -41,12 +41,7 @@ class SqliteInterestStore:
     time (the persister's worker, or the loop before the persister starts)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        for statement in _SCHEMA:
-            self._db.execute(statement)
+        self._db = open_db(path, *_SCHEMA, any_thread=True)
         self.rows_written = 0  # rows inserted, replaced or deleted since opened
 
     def load(self) -> dict[str, dict]:

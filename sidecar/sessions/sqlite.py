@@ -5,11 +5,11 @@ One row per client id, written when its record changes (O(1) per change)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
 from sidecar.sessions.record import SessionRecord
+from sidecar.sqlite_db import open_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -32,11 +32,7 @@ class SqliteSessionStore:
     """Records by client id."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db = open_db(path, _SCHEMA)
 
     def load(self) -> list[SessionRecord]:
         rows = self._db.execute("SELECT client, owner, connect_hlc, change_hlc, protocol, "

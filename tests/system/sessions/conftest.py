@@ -1,5 +1,5 @@
-"""A real 3-node cluster (with the HAProxy front) shared by the session tests; its logs are
-printed when one of them failed."""
+"""Real 3-node clusters (with the HAProxy front) for the session tests; a cluster's logs are
+printed when a test that used it failed."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from tests.system.routing.conftest import (
 )
 
 
-@pytest.fixture(scope="module")
-def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def _cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     _need_plugin()
     failed_before = request.session.testsfailed
     path = _new_run_dir()
@@ -25,15 +24,15 @@ def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield _start(path, 3)
     finally:
         _finish(path, failed=request.session.testsfailed > failed_before)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """One cluster for a module of small independent checks."""
+    yield from _cluster(request)
 
 
 @pytest.fixture
 def own_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A 3-node cluster for one test that changes it (kills, adds nodes)."""
-    _need_plugin()
-    failed_before = request.session.testsfailed
-    path = _new_run_dir()
-    try:
-        yield _start(path, 3)
-    finally:
-        _finish(path, failed=request.session.testsfailed > failed_before)
+    """A cluster for one test that changes it (kills, adds nodes)."""
+    yield from _cluster(request)
