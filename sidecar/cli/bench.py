@@ -11,6 +11,7 @@ from pathlib import Path
 from sidecar.bench import payload
 from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
 from sidecar.bench.scale import ScaleOptions, render_scale, run_scale
+from sidecar.bench.sessions import SessionsOptions, render_sessions, run_sessions
 from sidecar.bench.table import render
 
 DEFAULT_BASE_PORT = 22883
@@ -93,6 +94,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                        "(default: 2000)")
     scale.add_argument("--churn-seconds", type=_non_negative, default=60.0,
                        help="how long the churn runs; 0 skips it (default: 60)")
+    sess = p.add_argument_group(
+        "--sessions", "Instead: persistent sessions on a 3-node cluster. N sessions made over "
+        "the nodes (time until every node holds them, memory per session), MOVES of them "
+        "resumed on another node (CONNECT to CONNACK p50/p99), then a joining node (time "
+        "until it serves them all). Uses --run-dir and --base-port.")
+    sess.add_argument("--sessions", type=_positive_int, metavar="N",
+                      help="run the session benchmark with N sessions")
+    sess.add_argument("--moves", type=_positive_int, default=200,
+                      help="sessions resumed on another node (default: 200)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -118,9 +128,28 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sessions(args: argparse.Namespace) -> int:
+    opts = SessionsOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
+                           sessions=args.sessions, moves=args.moves)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        report = run_sessions(opts, lambda text: print(text, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print("mqfed bench: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(f"mqfed bench: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report) if args.json else render_sessions(report), flush=True)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.scale:
         return cmd_scale(args)
+    if args.sessions:
+        return cmd_sessions(args)
     if args.size < payload.MIN_SIZE:
         print(f"mqfed bench: error: --size must be at least {payload.MIN_SIZE}", file=sys.stderr)
         return 2

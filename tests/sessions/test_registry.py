@@ -212,3 +212,18 @@ def test_subscriptions_of_a_session_that_ends_with_its_connection_are_not_replic
     reg.on_connect("kept", None, "mqtt5", True, 60, False, 1_000)
     [publish] = reg.on_subscribe("kept", "a/#", 1, 1_001)
     assert isinstance(publish, Publish) and publish.record.subscriptions == {"a/#": 1}
+
+
+def test_after_a_partition_the_registry_heals_to_the_latest_connect():
+    """n1 and n2 cannot reach each other; the same client id connects on both (n2 later).
+    When the streams come back each sends all its records: both settle on n2's connect, and
+    n1 closes its connection and hands its session's queue to n2."""
+    n1, n2 = SessionRegistry("n1"), SessionRegistry("n2")
+    n1.on_connect("dev", None, "mqtt5", False, 600, False, 5_000_000)
+    n1.on_subscribe("dev", "a/#", 1, 5_000_001)
+    n2.on_connect("dev", None, "mqtt5", False, 600, False, 5_000_500)
+    to_n1 = n1.on_remote(n2.snapshot(), 5_001_000)
+    to_n2 = n2.on_remote(n1.snapshot(), 5_001_000)
+    assert n1.records["dev"] == n2.records["dev"] and n1.records["dev"].owner == "n2"
+    assert Kick("dev", with_will=True) in to_n1  # n2's connect found no session: fresh
+    assert Discard("dev") in to_n1 and not any(isinstance(a, Kick) for a in to_n2)

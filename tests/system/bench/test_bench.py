@@ -112,3 +112,22 @@ def test_scale_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -
     assert 0 <= churn["lag_p50_ms"] <= churn["lag_p99_ms"]
     assert join["node"] == "n4" and join["forwarding_subscriptions"] >= 3000
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
+
+
+def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -> None:
+    """`--sessions` with small numbers: every session held by every node, every move resumes
+    with session present, a joining node serves them all; figures present, never judged."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    result = mqfed("bench", "--sessions", "60", "--moves", "9", "--json", "--run-dir",
+                   str(bench_dir / "cluster"), "--base-port", str(_base_port()), timeout=300)
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    make, handover, join = report["make"], report["handover"], report["join"]
+    assert make["sessions"] == 60 and make["known_everywhere_after_s"] >= 0
+    assert set(make["bytes_per_session"]) == {f"n{i} {p}" for i in (1, 2, 3)
+                                              for p in ("sidecar", "mosquitto")}
+    assert handover["moves"] == 9 and handover["session_present"] == 9
+    assert 0 < handover["p50_ms"] <= handover["p99_ms"]
+    assert join["node"] == "n4" and join["serving_after_ready_s"] >= 0
+    assert not find(str(bench_dir)), "bench left processes of its run dir running"

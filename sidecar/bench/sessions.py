@@ -1,0 +1,173 @@
+"""`mqfed bench --sessions N`: what persistent sessions cost, on a real 3-node cluster.
+
+1. make: N MQTT 5 clients (session expiry 1 h) connect to n1, n2, n3 in turn, subscribe one
+   filter each and leave: time until every node's registry holds them all, and the memory each
+   sidecar and Mosquitto grew by per session;
+2. join: `mqfed add-node`, then the time until the new node holds every record and keeps every
+   one of those clients off until it has made its session (its deny list);
+3. handover: `moves` of those sessions resumed on another node than their owner, one after the
+   other: time from CONNECT to a CONNACK with session present (the refused first CONNECT and
+   paho's reconnect, 0.05 s minimum here, included), p50 and p99.
+Times come from outside (state.json, written every 0.2-0.5 s, counts refreshed once a second).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from sidecar.bench.cluster import BenchCluster
+from sidecar.bench.scale import _per_10k, _usage, _wait
+
+EXPIRY = 3600
+WORKERS = 4
+
+
+@dataclass(frozen=True)
+class SessionsOptions:
+    run_dir: Path
+    base_port: int
+    sessions: int = 10_000
+    moves: int = 200
+    timeout: float = 300.0
+
+
+def _connect(port: int, client_id: str, clean: bool, retry: bool = False) -> tuple[
+        mqtt.Client, bool, float]:
+    """A connected paho v5 client, session present, and seconds to the CONNACK."""
+    client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                         client_id=client_id, protocol=mqtt.MQTTv5,
+                         reconnect_on_failure=retry)
+    client.reconnect_delay_set(0.05, 0.5)
+    up = threading.Event()
+    present: list[bool] = []
+
+    def on_connect(c, u, flags, reason_code, props) -> None:
+        if not reason_code.is_failure:
+            present.append(bool(flags.session_present))
+            up.set()
+
+    client.on_connect = on_connect
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = EXPIRY
+    start = time.monotonic()
+    client.connect("127.0.0.1", port, 30, clean_start=clean, properties=props)
+    client.loop_start()
+    if not up.wait(30):
+        client.loop_stop()
+        raise RuntimeError(f"{client_id}: no CONNACK from 127.0.0.1:{port}")
+    return client, present[0], time.monotonic() - start
+
+
+def _make_one(port: int, client_id: str, topic: str) -> None:
+    client, _, _ = _connect(port, client_id, clean=True)
+    done = threading.Event()
+    client.on_subscribe = lambda *a: done.set()
+    client.subscribe(topic, 1)
+    if not done.wait(30):
+        raise RuntimeError(f"{client_id}: no SUBACK")
+    client.disconnect()
+    client.loop_stop()
+
+
+def _records(cluster: BenchCluster, node: str) -> int:
+    return int((cluster.state(node).get("cluster_sessions") or {}).get("sessions") or 0)
+
+
+def _make(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[str, Any]:
+    nodes = [n["id"] for n in cluster.info["nodes"]]
+    say(f"make: {opts.sessions:,} persistent sessions over {', '.join(nodes)} ...")
+    before = _usage(cluster)
+    base = {n: _records(cluster, n) for n in nodes}
+    start = time.monotonic()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        jobs = [pool.submit(_make_one, cluster.port(nodes[i % len(nodes)]),
+                            f"sb-{run}-{i}", f"sb/{run}/{i}") for i in range(opts.sessions)]
+        for job in jobs:
+            job.result()
+    made = time.monotonic()
+    known = _wait(lambda: all(_records(cluster, n) - base[n] >= opts.sessions for n in nodes),
+                  opts.timeout, "every node to hold every session")
+    after = _usage(cluster)
+    per = _per_10k(before, after, opts.sessions)
+    return {"sessions": opts.sessions, "made_s": round(made - start, 1),
+            "known_everywhere_after_s": round(known - made, 2),
+            "bytes_per_session": {name: round(v["mem_mib"] * 2**20 / 10_000)
+                                  for name, v in per.items()},
+            "cpu_s_per_10k": {name: v["cpu_s"] for name, v in per.items()}}
+
+
+def _join(cluster: BenchCluster, opts: SessionsOptions, say) -> dict[str, Any]:
+    say("join: mqfed add-node ...")
+    start = time.monotonic()
+    entry = cluster.add_node()
+    ready = time.monotonic()
+    node = entry["id"]
+    held = _wait(lambda: _records(cluster, node) >= opts.sessions, opts.timeout,
+                 f"{node} to hold every session")
+    denied = _wait(lambda: int((cluster.state(node).get("cluster_sessions") or {})
+                                .get("denied") or 0) >= opts.sessions, opts.timeout,
+                   f"{node} to deny every session held elsewhere")
+    return {"node": node, "add_node_s": round(ready - start, 2),
+            "records_after_ready_s": round(held - ready, 2),
+            "serving_after_ready_s": round(denied - ready, 2)}
+
+
+def _handover(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[str, Any]:
+    nodes = ["n1", "n2", "n3"]
+    moves = min(opts.moves, opts.sessions)
+    say(f"handover: {moves} sessions resumed on another node ...")
+    times, present = [], 0
+    for i in range(moves):
+        owner = i % len(nodes)  # where _make connected it
+        port = cluster.port(nodes[(owner + 1) % len(nodes)])
+        client, sp, took = _connect(port, f"sb-{run}-{i}", clean=False, retry=True)
+        present += sp
+        times.append(took)
+        client.disconnect()
+        client.loop_stop()
+    times.sort()
+    return {"moves": moves, "session_present": present,
+            "p50_ms": round(times[len(times) // 2] * 1000, 1),
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
+
+
+def run_sessions(opts: SessionsOptions, say: Callable[[str], None]) -> dict[str, Any]:
+    """The three phases on a fresh 3-node cluster in `opts.run_dir`; stops it at the end."""
+    cluster = BenchCluster(opts.run_dir, opts.base_port, timeout=120, nodes=3)
+    run = f"{int(time.time()) % 100000}"
+    report: dict[str, Any] = {"kind": "sessions", "nodes": 3}
+    try:
+        say(f"starting a 3-node cluster in {opts.run_dir} ...")
+        cluster.up()
+        report["make"] = _make(cluster, opts, run, say)
+        report["handover"] = _handover(cluster, opts, run, say)
+        report["join"] = _join(cluster, opts, say)
+    finally:
+        complaint = cluster.down()
+        if complaint:
+            say(f"mqfed down: {complaint}")
+    return report
+
+
+def render_sessions(report: dict[str, Any]) -> str:
+    m, h, j = report["make"], report["handover"], report["join"]
+    per = ", ".join(f"{name} {b} B" for name, b in sorted(m["bytes_per_session"].items()))
+    return "\n".join([
+        f"make: {m['sessions']:,} sessions in {m['made_s']} s, held by every node "
+        f"{m['known_everywhere_after_s']} s after the last",
+        f"  memory per session: {per}",
+        f"handover: {h['moves']} resumed elsewhere, {h['session_present']} with session "
+        f"present; CONNECT to CONNACK p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms",
+        f"join: {j['node']} added in {j['add_node_s']} s; holds every record "
+        f"{j['records_after_ready_s']} s and serves every session {j['serving_after_ready_s']}"
+        " s after it was ready"])
