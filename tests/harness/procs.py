@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,15 +21,21 @@ _HANDED_OUT: set[int] = set()
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago and that this test process has not
-    handed out before (the kernel may return a just-released port again, and two settings of
-    one test then collide once the first is bound)."""
+    handed out before. Taken from 10000-19999: below the kernel's ephemeral range (32768+), so
+    no outgoing connection takes it as its source port while a restarted process is about to
+    bind it again (seen on CI: a sidecar restarted 0.6 s after a kill found its admin port in
+    use), and below the cluster tests' base ports (20000+)."""
     while True:
+        port = random.randrange(10000, 20000)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
