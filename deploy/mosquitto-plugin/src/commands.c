@@ -16,18 +16,13 @@
 
 enum deny_mode { DENY_RETRY, DENY_REFUSE, DENY_SESSION };
 
-struct deny {
+/* An entry of a set of client ids: the deny list (with its mode) and the hold list, a client
+ * id whose offline session here must queue nothing more (its client connected on another
+ * node, which now gets its messages; this node hands over what the session had queued). */
+struct id_entry {
 	UT_hash_handle hh;
 	char *id;
-	enum deny_mode mode;
-};
-
-/* A client id whose offline session here must queue nothing more (hold): its client
- * connected on another node, which now gets its messages; this node hands over what the
- * session had queued before. */
-struct hold {
-	UT_hash_handle hh;
-	char *id;
+	enum deny_mode mode; /* deny list only */
 };
 
 static unsigned snapshot_chunk;
@@ -35,8 +30,8 @@ static unsigned snapshot_chunk;
  * a CONNACK until the sidecar, in sync, has put the sessions held elsewhere on the deny list
  * and made the ones this node owns (`open_sessions`): a restarted Mosquitto has none. */
 static bool gate_closed;
-static struct deny *denies;
-static struct hold *holds;
+static struct id_entry *denies;
+static struct id_entry *holds;
 static uint64_t denied_connects;
 
 void commands_init(unsigned chunk, bool sessions_gate)
@@ -50,15 +45,47 @@ bool sessions_gate_closed(void)
 	return gate_closed;
 }
 
-/* ---- deny list ------------------------------------------------------------------------- */
+/* ---- id sets (deny list, hold list) ------------------------------------------------- */
 
-static struct deny *deny_find(const char *id)
+static struct id_entry *id_find(struct id_entry *set, const char *id)
 {
-	struct deny *d = NULL;
+	struct id_entry *e = NULL;
 
-	if(id == NULL || denies == NULL) return NULL;
-	HASH_FIND_STR(denies, id, d);
-	return d;
+	if(id == NULL || set == NULL) return NULL;
+	HASH_FIND_STR(set, id, e);
+	return e;
+}
+
+/* `id`'s entry in *set, added if missing (NULL: out of memory). */
+static struct id_entry *id_add(struct id_entry **set, const char *id)
+{
+	struct id_entry *e = id_find(*set, id);
+
+	if(e != NULL) return e;
+	e = calloc(1, sizeof(*e));
+	if(e) e->id = strdup(id);
+	if(e == NULL || e->id == NULL){
+		free(e);
+		return NULL;
+	}
+	HASH_ADD_KEYPTR(hh, *set, e->id, strlen(e->id), e);
+	return e;
+}
+
+static void id_remove(struct id_entry **set, struct id_entry *e)
+{
+	HASH_DEL(*set, e);
+	free(e->id);
+	free(e);
+}
+
+static void id_clear(struct id_entry **set)
+{
+	struct id_entry *e, *tmp;
+
+	HASH_ITER(hh, *set, e, tmp){
+		id_remove(set, e);
+	}
 }
 
 /* Whether a connect of client `id` (asking for a clean start or not) is denied: counted,
@@ -66,7 +93,7 @@ static struct deny *deny_find(const char *id)
  * session: the cluster holds that client's session on another node and makes it here first. */
 bool deny_connect(const char *id, bool clean_start, bool *refuse)
 {
-	struct deny *d = deny_find(id);
+	struct id_entry *d = id_find(denies, id);
 
 	if(d == NULL || (d->mode == DENY_SESSION && clean_start)) return false;
 	denied_connects++;
@@ -74,45 +101,15 @@ bool deny_connect(const char *id, bool clean_start, bool *refuse)
 	return true;
 }
 
-static void deny_remove(struct deny *d)
-{
-	HASH_DEL(denies, d);
-	free(d->id);
-	free(d);
-}
-
-static struct hold *hold_find(const char *id)
-{
-	struct hold *h = NULL;
-
-	if(id == NULL || holds == NULL) return NULL;
-	HASH_FIND_STR(holds, id, h);
-	return h;
-}
-
 bool session_held(const char *id)
 {
-	return hold_find(id) != NULL;
-}
-
-static void hold_remove(struct hold *h)
-{
-	HASH_DEL(holds, h);
-	free(h->id);
-	free(h);
+	return id_find(holds, id) != NULL;
 }
 
 void commands_cleanup(void)
 {
-	struct deny *d, *tmp;
-	struct hold *h, *htmp;
-
-	HASH_ITER(hh, denies, d, tmp){
-		deny_remove(d);
-	}
-	HASH_ITER(hh, holds, h, htmp){
-		hold_remove(h);
-	}
+	id_clear(&denies);
+	id_clear(&holds);
 	denied_connects = 0;
 	snapshot_chunk = 0;
 	gate_closed = false;
@@ -378,23 +375,17 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
 	const char *mode = get_str(req, "mode");
-	struct deny *d;
+	struct id_entry *d;
 
 	if(client == NULL || mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse")
 				&& !streq(mode, "session"))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	d = deny_find(client);
+	d = id_add(&denies, client);
 	if(d == NULL){
-		d = calloc(1, sizeof(*d));
-		if(d) d->id = strdup(client);
-		if(d == NULL || d->id == NULL){
-			free(d);
-			reply_error(rq, "internal");
-			return;
-		}
-		HASH_ADD_KEYPTR(hh, denies, d->id, strlen(d->id), d);
+		reply_error(rq, "internal");
+		return;
 	}
 	d->mode = streq(mode, "refuse") ? DENY_REFUSE : streq(mode, "session") ? DENY_SESSION
 		: DENY_RETRY;
@@ -405,24 +396,19 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
 	const cJSON *on = cJSON_GetObjectItemCaseSensitive(req, "on");
-	struct hold *h;
+	struct id_entry *h;
 
 	if(client == NULL || !cJSON_IsBool(on)){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	h = hold_find(client);
-	if(cJSON_IsTrue(on) && h == NULL){
-		h = calloc(1, sizeof(*h));
-		if(h) h->id = strdup(client);
-		if(h == NULL || h->id == NULL){
-			free(h);
+	if(cJSON_IsTrue(on)){
+		if(id_add(&holds, client) == NULL){
 			reply_error(rq, "internal");
 			return;
 		}
-		HASH_ADD_KEYPTR(hh, holds, h->id, strlen(h->id), h);
-	}else if(!cJSON_IsTrue(on) && h != NULL){
-		hold_remove(h);
+	}else if((h = id_find(holds, client)) != NULL){
+		id_remove(&holds, h);
 	}
 	reply_ok(rq);
 }
@@ -430,14 +416,14 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 static void cmd_admit(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
-	struct deny *d;
+	struct id_entry *d;
 
 	if(client == NULL){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	d = deny_find(client);
-	if(d) deny_remove(d);
+	d = id_find(denies, client);
+	if(d) id_remove(&denies, d);
 	reply_ok(rq);
 }
 
