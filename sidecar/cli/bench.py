@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.bench import payload
@@ -110,39 +111,37 @@ def _interrupt(signum: int, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def cmd_scale(args: argparse.Namespace) -> int:
-    opts = ScaleOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
-                        filters=args.filters, churn_rate=args.churn_rate,
-                        churn_seconds=args.churn_seconds)
+def _report(args: argparse.Namespace, run_it: Callable[..., dict], opts: object,
+            render_it: Callable[[dict], str]) -> int:
+    """Run one benchmark (`run_it(opts, say)`), stopping what it started on Ctrl-C, SIGTERM
+    or SIGHUP, and print its report (JSON with --json)."""
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+        signal.signal(sig, _interrupt)  # stop what was started, as for Ctrl-C
     try:
-        report = run_scale(opts, lambda text: print(text, file=sys.stderr, flush=True))
+        report = run_it(opts, say)
     except KeyboardInterrupt:
-        print("mqfed bench: interrupted; everything it started is stopped", file=sys.stderr)
+        say("mqfed bench: interrupted; everything it started is stopped")
         return 130
     except Exception as exc:
-        print(f"mqfed bench: error: {exc}", file=sys.stderr)
+        say(f"mqfed bench: error: {exc}")
         return 1
-    print(json.dumps(report) if args.json else render_scale(report), flush=True)
+    print(json.dumps(report) if args.json else render_it(report), flush=True)
     return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    return _report(args, run_scale, ScaleOptions(
+        run_dir=args.run_dir.resolve(), base_port=args.base_port, filters=args.filters,
+        churn_rate=args.churn_rate, churn_seconds=args.churn_seconds), render_scale)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    opts = SessionsOptions(run_dir=args.run_dir.resolve(), base_port=args.base_port,
-                           sessions=args.sessions, moves=args.moves)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
-    try:
-        report = run_sessions(opts, lambda text: print(text, file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print("mqfed bench: interrupted; everything it started is stopped", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        print(f"mqfed bench: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(report) if args.json else render_sessions(report), flush=True)
-    return 0
+    return _report(args, run_sessions, SessionsOptions(
+        run_dir=args.run_dir.resolve(), base_port=args.base_port, sessions=args.sessions,
+        moves=args.moves), render_sessions)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -159,22 +158,4 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         size=args.size,
                         publishers=args.publishers, window=args.window, cases=args.cases,
                         traces=args.traces.resolve() if args.traces else None)
-
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)  # stop what was started, as for Ctrl-C
-    try:
-        report = run(opts, say)
-    except KeyboardInterrupt:
-        say("mqfed bench: interrupted; everything it started is stopped")
-        return 130
-    except Exception as exc:
-        say(f"mqfed bench: error: {exc}")
-        return 1
-    if args.json:
-        print(json.dumps(report), flush=True)
-    else:
-        print(render(report), flush=True)
-    return 0
+    return _report(args, run, opts, render)
