@@ -180,10 +180,8 @@ class PluginSync:
                                 topic=PROBE_TOPIC, payload=token, qos=1)
 
     async def _probe(self) -> None:
-        assert self.link is not None
         try:
-            await self.link.request("deliver", client=DEFAULT_SIDECAR_ID + ".fwd",
-                                    topic=PROBE_TOPIC, payload="", qos=1)
+            await self.probe_with(b"")
         except (LinkError, CommandFailed) as exc:
             log.debug("forwarding probe failed", extra={"error": str(exc)})
 

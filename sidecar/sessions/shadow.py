@@ -218,8 +218,7 @@ class Shadows:
         except BaseException:
             await shadow.disconnect()
             raise
-        shadow.messages = [(m, q) for m, q in shadow.messages
-                           if not (m.topic == MARKER_TOPIC)]
+        shadow.messages = [(m, q) for m, q in shadow.messages if m.topic != MARKER_TOPIC]
         return shadow
 
     @staticmethod
