@@ -59,6 +59,23 @@ def _positive(value: int) -> int:
     return value
 
 
+def _replicas(value: int | str) -> int | str:
+    """A count of nodes >= 1, or "all"."""
+    replica_count(value)
+    return value
+
+
+def replica_count(value: int | str) -> int:
+    """`sessions.replicas` as a number (0: all nodes); ValueError if it is neither."""
+    if value == "all":
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise ValueError('expected a number of nodes (1 or more) or "all"')
+
+
 def _non_negative(value: int) -> int:
     if value < 0:
         raise ValueError("expected 0 or a number above 0")
@@ -131,6 +148,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                " retained messages are remembered (longer than any outage or"
                                " partition a node may come back from)"),
     },
+    "sessions": {
+        "replicas": Key(int | str, 2, _replicas, "nodes that hold the messages queued for an"
+                        " offline persistent session, its owner included (1: the owner only;"
+                        " \"all\": every node)"),
+        "down_grace": Key(float, 1.0, _positive, "seconds a node's peer stream must be down"
+                          " before its sessions' replicas take over"),
+    },
     "overload": {
         "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"
                           " peers at which publishers of QoS > 0 messages peers want are"
@@ -181,7 +205,8 @@ def _coerce(where: str, key: Key, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
     elif not isinstance(value, key.type) or (key.type is int and isinstance(value, bool)):
-        raise ConfigError(f"{where}: expected {key.type.__name__}, got {value!r}")
+        expected = getattr(key.type, "__name__", str(key.type).replace(" | ", " or "))
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}")
     if key.check is not None:
         try:
             value = key.check(value)

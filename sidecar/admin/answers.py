@@ -139,7 +139,7 @@ class Answers:
                 session_expiry=-1 if r["expiry"] is None else r["expiry"],
                 expires_in_s=-1 if r["expires_in_s"] is None else r["expires_in_s"],
                 protocol=r["protocol"], subscriptions=len(r["subscriptions"]),
-                here=r["here"] or ""))
+                here=r["here"] or "", replicas=r["replicas"]))
         return rows[:_limit(query)]
 
     def retained(self, query: admin_pb2.Query) -> admin_pb2.RetainedReply:

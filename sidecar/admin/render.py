@@ -118,10 +118,11 @@ def _sessions(r: admin_pb2.SessionsReply, now: float) -> str:
         held = ",".join(sorted(f"{v.node_id}:{v.here}" for v in views if v.here)) or "-"
         expiry = "?" if best.session_expiry < 0 else best.session_expiry
         left = "-" if best.expires_in_s < 0 else best.expires_in_s
-        rows.append([client, best.owner, _yes(best.online), _yes(best.persistent), expiry,
-                     left, best.protocol, best.subscriptions, held])
-    return table(["CLIENT", "OWNER", "ONLINE", "PERSISTENT", "EXPIRY", "EXPIRES IN", "PROTOCOL",
-                  "SUBSCRIPTIONS", "HELD ON"], rows)
+        replicas = ",".join(best.replicas) or "-"
+        rows.append([client, best.owner, replicas, _yes(best.online), _yes(best.persistent),
+                     expiry, left, best.protocol, best.subscriptions, held])
+    return table(["CLIENT", "OWNER", "REPLICAS", "ONLINE", "PERSISTENT", "EXPIRY", "EXPIRES IN",
+                  "PROTOCOL", "SUBSCRIPTIONS", "HELD ON"], rows)
 
 
 def _retained(r: admin_pb2.RetainedReply, now: float) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from sidecar.admin.service import AdminService
 from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
-from sidecar.config import NodeConfig, is_loopback
+from sidecar.config import NodeConfig, is_loopback, replica_count
 from sidecar.drain import drain
 from sidecar.local.event_stream import EventStream
 from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
@@ -250,7 +250,8 @@ class Node:
         self.sessions = SessionService(
             self.config.node_id, incarnation, self.layout.run_dir, self.layout.socket_path,
             secret, link.request, routing.transport, lambda: list(routing.queues),
-            routing.settle_to)
+            routing.settle_to, replicas=replica_count(self.config["sessions"]["replicas"]),
+            down_grace=self.config["sessions"]["down_grace"])
         routing.sessions = self.sessions
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then

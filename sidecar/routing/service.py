@@ -99,6 +99,8 @@ class PeerFrames(Protocol):
 
     def on_peer_up(self, peer: str) -> None: ...
 
+    def on_peer_down(self, peer: str) -> None: ...
+
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None: ...
 
 
@@ -220,6 +222,8 @@ class RoutingService:
             self._run_interest(self.remote.remove_peer(peer))
             self._ack_local(self.forwarder.on_peer_removed(peer))
             self.retained.on_peer_down(peer)
+            if self.sessions is not None:
+                self.sessions.on_peer_down(peer)
             queue = self.queues.pop(peer, None)
             if queue is not None:
                 queue.store.close()
@@ -292,6 +296,8 @@ class RoutingService:
     def on_outbound_down(self, peer: str, reason: str) -> None:
         log.info("peer stream down", extra={"peer": peer, "reason": reason})
         self.retained.on_peer_down(peer)
+        if self.sessions is not None:
+            self.sessions.on_peer_down(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_disconnected()

@@ -16,10 +16,21 @@ What the local Mosquitto holds for each client id (its *presence*) decides the a
 - absent: while the cluster holds a resumable session owned elsewhere, a connect here that
   would resume it is closed without a CONNACK (`Deny`); the sidecar then makes the session
   here (`Materialize`) and admits the client, whose reconnect resumes it (session present).
+
+Replicas (`replicas` nodes hold a persistent session's queue: its owner and the first others
+by rendezvous hash over the nodes up): a replica is a copy of the session here, made by a
+shadow, held with a ring (`Hold(ring=True)`: it queues nothing, but the plugin keeps what it
+refused for a while). It queues while its client is offline, or once its owner has been down
+for `grace_ms`: released with a replay of what it refused since the client went offline (or
+the owner went down) minus `margin_ms`. A replica whose client comes back to its owner is
+deleted and made again (held): what it queued was delivered there. When the owner is dead,
+a connect on a replica resumes that copy (promotion), and a connect elsewhere gets the first
+replica's queue (a drain, as from an old owner).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
@@ -28,6 +39,9 @@ from sidecar.sessions.record import SessionRecord, newer
 
 TOMBSTONE_KEEP_MS = 3_600_000
 RETRY_MS = 1_000
+DOWN_GRACE_MS = 1_000
+REPLAY_MARGIN_MS = 1_000
+NEVER_UP = ""  # in `dead`: owners never seen up count as dead (since start + grace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +76,22 @@ class Admit:
 @dataclass(frozen=True, slots=True)
 class Hold:
     """`on`: the offline session of `client` here queues nothing more (its client is served
-    elsewhere now); off: it may again."""
+    elsewhere now; `ring`: a replica, which keeps what it refuses for a while); off: it may
+    again (`since_ms`: first replaying what a ring refused since then)."""
 
     client: str
     on: bool
+    ring: bool = False
+    since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Materialize:
     """Make `record`'s session here (a shadow connection with its subscriptions); report with
-    `on_materialized`."""
+    `on_materialized`. `replica`: a copy for the owner's sake, not for a client coming here."""
 
     record: SessionRecord
+    replica: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +139,20 @@ class SessionRegistry:
     holding: set[str] = field(default_factory=set)
     busy: dict[str, str] = field(default_factory=dict)  # client -> operation in progress
     failed: dict[str, int] = field(default_factory=dict)  # client -> when to try again (ms)
+    replicas: int = 1  # nodes holding a persistent session's queue, its owner included; 0: all
+    grace_ms: int = DOWN_GRACE_MS
+    margin_ms: int = REPLAY_MARGIN_MS
+    started_ms: int = 0  # a peer never seen up counts as down since then
+    up: set[str] = field(default_factory=set)  # peers whose streams are up
+    down_since: dict[str, int] = field(default_factory=dict)
+    dead: set[str] = field(default_factory=set)  # peers down for grace_ms, as last settled
+    # replicas here: client -> (the owner whose session it copies, the subscriptions made)
+    replica: dict[str, tuple[str, frozenset[tuple[str, int]]]] = field(default_factory=dict)
+    queueing: set[str] = field(default_factory=set)  # replicas released (they queue)
+    arriving: set[str] = field(default_factory=set)  # clients that tried to connect here
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
-        "failures": 0, "clock_drift": 0})
+        "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -132,6 +161,8 @@ class SessionRegistry:
             self.presence[client] = "shadow"
             return []
         self.presence[client] = "online"
+        self._unreplicate(client)
+        self.arriving.discard(client)
         old = self.records.get(client)
         hlc = self.clock.now(now_ms).pack()
         fresh = clean_start or not session_present
@@ -180,8 +211,11 @@ class SessionRegistry:
         if client is None or reason != "denied" or client in self.busy:
             return []
         record = self.records.get(client)
-        if record is None or not self._resumable(record, now_ms) or client in self.presence \
-                or record.owner == self.node_id:
+        if record is None or not self._resumable(record, now_ms) or record.owner == self.node_id:
+            return []
+        if client in self.replica and self.presence.get(client) == "session":
+            return self._arrive_at_replica(client, record, now_ms)
+        if client in self.presence:
             return []
         # Held (queueing nothing) until its client connects here: until then the node it
         # comes from queues for it, and that node stops only after a barrier with every peer
@@ -190,12 +224,48 @@ class SessionRegistry:
         self.holding.add(client)
         return [Hold(client, True), Materialize(record)]
 
+    def _arrive_at_replica(self, client: str, record: SessionRecord,
+                           now_ms: int) -> list[Action]:
+        """The client tried to resume here, where a replica of its session is. Its owner dead
+        and the replica queueing: the replica becomes the session (promotion), the client's
+        retry resumes it. Its owner alive: what the replica holds the owner hands over too,
+        so it is deleted and the session made here anew. Its owner down but not yet dead:
+        the client retries until it is one or the other."""
+        owner = self.replica[client][0]
+        if client in self.queueing and self._dead(owner, now_ms):
+            self._unreplicate(client)
+            self.held[client] = (record.connect_hlc, True)
+            self.counters["promoted"] += 1
+            return self._settle(client, now_ms)
+        if owner not in self.up:
+            return []
+        self._unreplicate(client)
+        self.arriving.add(client)
+        self.busy[client] = "discard"
+        self.holding.add(client)
+        return [Hold(client, True), Discard(client)]
+
+    def on_peers(self, up: set[str], now_ms: int) -> list[Action]:
+        """The peers whose streams are up now: replicas follow (O(records) per change)."""
+        up = set(up) - {self.node_id}
+        if up == self.up:
+            return []
+        for peer in self.up - up:
+            self.down_since[peer] = now_ms
+        for peer in up:
+            self.down_since.pop(peer, None)
+        self.up = up
+        self.dead = self._dead_now(now_ms)
+        return self._settle_all(now_ms)
+
     def on_local_snapshot(self, online: dict[str, tuple[str | None, str, bool, int | None]],
                           sessions: set[str], now_ms: int) -> list[Action]:
         """What the local Mosquitto holds after a (re)sync: `online` client -> (username,
         protocol, clean_start, expiry); `sessions`: offline persistent sessions."""
         self.presence = {c: "session" for c in sessions}
         self.held = {c: h for c, h in self.held.items() if c in sessions or c in online}
+        for client in [c for c in self.replica if c not in sessions]:
+            self._unreplicate(client)
         out: list[Action] = []
         for client, (username, protocol, clean, expiry) in online.items():
             if username == SHADOW_USERNAME:
@@ -223,10 +293,17 @@ class SessionRegistry:
         op = self.busy.pop(client, None)
         out: list[Action] = []
         if ok:
-            self.counters[what] += 1
+            self.counters["replicated" if op == "replicate" else what] += 1
             if op in ("drain", "discard") and self.presence.get(client) != "online":
                 self._forget(client)
                 out = self._release(client)
+            elif op == "replicate" and self.presence.get(client) != "online":
+                record = self.records.get(client)
+                self.presence[client] = "session"
+                self.held[client] = (record.connect_hlc if record else 0, False)
+                self.replica[client] = (record.owner if record else "",
+                                        frozenset(record.subscriptions.items()) if record
+                                        else frozenset())
             elif op == "materialize" and self.presence.get(client) != "online":
                 record = self.records.get(client)
                 self.presence[client] = "session"
@@ -270,8 +347,12 @@ class SessionRegistry:
         return list(self.records.values())
 
     def on_tick(self, now_ms: int) -> list[Action]:
-        """Retry failed operations; drop old tombstones."""
+        """Retry failed operations; settle what a peer's death changes; drop old tombstones."""
         out: list[Action] = []
+        dead = self._dead_now(now_ms)
+        if dead != self.dead:
+            self.dead = dead
+            out += self._settle_all(now_ms)
         for client, at in list(self.failed.items()):
             if at <= now_ms:
                 del self.failed[client]
@@ -290,7 +371,17 @@ class SessionRegistry:
         return {"records": len(self.records), "sessions": len(live),
                 "owned": sum(1 for r in live if r.owner == self.node_id),
                 "online": sum(1 for r in live if r.online),
-                "denied": len(self.denied), "busy": len(self.busy)}
+                "denied": len(self.denied), "busy": len(self.busy),
+                "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
+
+    def replica_nodes(self, client: str, owner: str) -> list[str]:
+        """The nodes besides `owner` that hold a replica of `client`'s session, as this node
+        sees the nodes up: the first `replicas` - 1 by rendezvous hash (all: every one)."""
+        if self.replicas == 1:
+            return []
+        nodes = sorted((self.up | {self.node_id}) - {owner},
+                       key=lambda n: _rank(client, n), reverse=True)
+        return nodes if self.replicas == 0 else nodes[:self.replicas - 1]
 
     # ---- internals -----------------------------------------------------------------------
     def _owned(self, client: str) -> SessionRecord | None:
@@ -337,6 +428,87 @@ class SessionRegistry:
         ends = record.expires_at_ms()
         return ends is None or ends > now_ms
 
+    def _unreplicate(self, client: str) -> None:
+        self.replica.pop(client, None)
+        self.queueing.discard(client)
+
+    def _dead(self, node: str, now_ms: int) -> bool:
+        """Whether `node`'s stream has been down for `grace_ms` (never up: since start)."""
+        if node == self.node_id or node in self.up:
+            return False
+        return now_ms - self.down_since.get(node, self.started_ms) >= self.grace_ms
+
+    def _dead_now(self, now_ms: int) -> set[str]:
+        dead = {p for p, at in self.down_since.items() if now_ms - at >= self.grace_ms}
+        if now_ms - self.started_ms >= self.grace_ms:
+            dead.add(NEVER_UP)
+        return dead
+
+    def _settle_all(self, now_ms: int) -> list[Action]:
+        out: list[Action] = []
+        for client in list(self.records):
+            out += self._settle(client, now_ms)
+        return out
+
+    def _settle_copy(self, client: str, record: SessionRecord, now_ms: int) -> list[Action]:
+        """An offline session here of a client owned elsewhere: hand it over, delete it, or
+        (a replica) hold or release it."""
+        since, used = self.held.get(client, (0, False))
+        gone = not self._resumable(record, now_ms)
+        copied = self.replica.get(client)
+        out: list[Action] = []
+        if record.connect_hlc > since or gone:  # it connected elsewhere since, or ended
+            if copied is not None and not gone and not record.fresh and not used \
+                    and copied[0] not in self.up:
+                if not self._dead(copied[0], now_ms):
+                    return []  # whether its owner is dead (this copy goes on) is not known yet
+                if client not in self.queueing:  # its client was online there: what
+                    out = self._release_replica(client, self.down_since.get(  # it missed
+                        copied[0], self.started_ms))
+            if not gone and not record.fresh and (used or (
+                    copied is not None and self._replica_hands_over(client, copied[0],
+                                                                    record, now_ms))):
+                self.busy[client] = "drain"  # the adapter holds it after the barrier
+                self.holding.add(client)
+                self._unreplicate(client)
+                return out + [Drain(client, record.owner, tuple(record.subscriptions))]
+            self.busy[client] = "discard"
+            self._unreplicate(client)
+            return out + [Discard(client)]
+        if copied is None:
+            return []
+        if self.node_id not in self.replica_nodes(client, record.owner) \
+                or copied[1] != frozenset(record.subscriptions.items()):
+            self.busy[client] = "discard"  # no longer a replica here, or out of date
+            self._unreplicate(client)
+            return [Discard(client)]
+        dead = self._dead(record.owner, now_ms)
+        if (not record.online or dead) and client not in self.queueing:
+            return self._release_replica(client, record.since_ms if not record.online else
+                                         self.down_since.get(record.owner, self.started_ms))
+        if record.online and not dead and client in self.queueing:
+            # its client is back on its owner, which delivered what this copy queued
+            self.busy[client] = "discard"
+            self._unreplicate(client)
+            return [Discard(client)]
+        return []
+
+    def _release_replica(self, client: str, base_ms: int) -> list[Action]:
+        """Let the replica queue, first replaying what it refused since `base_ms` (the
+        client's disconnect, or its owner's death) minus the margin."""
+        self.queueing.add(client)
+        self.holding.discard(client)
+        return [Hold(client, False, since_ms=base_ms - self.margin_ms)]
+
+    def _replica_hands_over(self, client: str, owner: str, record: SessionRecord,
+                            now_ms: int) -> bool:
+        """Whether this replica's queue goes to the client's new node: the owner it copied
+        is dead, the new node held no replica itself, and this is the first one left."""
+        if client not in self.queueing or not self._dead(owner, now_ms):
+            return False
+        left = [n for n in self.replica_nodes(client, owner) if n != owner]
+        return record.owner not in left and bool(left) and left[0] == self.node_id
+
     def _settle(self, client: str, now_ms: int) -> list[Action]:
         """Bring what this node does for `client` in line with its record and presence."""
         record = self.records.get(client)
@@ -344,28 +516,39 @@ class SessionRegistry:
         out: list[Action] = []
         if client not in self.busy and client not in self.failed and record is not None \
                 and record.owner != self.node_id and local == "session":
-            since, used = self.held.get(client, (0, False))
-            gone = not self._resumable(record, now_ms)
-            if record.connect_hlc > since or gone:  # it connected elsewhere since, or ended
-                if used and not gone and not record.fresh:
-                    self.busy[client] = "drain"  # the adapter holds it after the barrier
-                    self.holding.add(client)
-                    out.append(Drain(client, record.owner, tuple(record.subscriptions)))
-                else:
-                    self.busy[client] = "discard"
-                    out.append(Discard(client))
-        if record is not None and record.owner == self.node_id and local is None \
-                and client not in self.busy and self._resumable(record, now_ms):
-            # ours, but the local Mosquitto lost it (it restarted): make it again, queueing
-            self.busy[client] = "materialize"
-            out.append(Materialize(record))
-        want_deny = (record is not None and local is None and self._resumable(record, now_ms)
-                     and (record.owner != self.node_id or self.busy.get(client) == "materialize"))
+            out += self._settle_copy(client, record, now_ms)
+            local = self.presence.get(client)
+        if record is not None and local is None and client not in self.busy \
+                and client not in self.failed and self._resumable(record, now_ms):
+            if record.owner == self.node_id:
+                # ours, but the local Mosquitto lost it (it restarted): make it again, queueing
+                self.busy[client] = "materialize"
+                out.append(Materialize(record))
+            elif client in self.arriving:  # its client came here: as on_connect_rejected
+                self.arriving.discard(client)
+                self.busy[client] = "materialize"
+                self.holding.add(client)
+                out += [Hold(client, True), Materialize(record)]
+            elif self.node_id in self.replica_nodes(client, record.owner):
+                self.busy[client] = "replicate"
+                self.holding.add(client)
+                out += [Hold(client, True, ring=True), Materialize(record, replica=True)]
+        copy = local == "session" and client in self.replica
+        want_deny = (record is not None and self._resumable(record, now_ms)
+                     and ((local is None and (record.owner != self.node_id
+                                              or self.busy.get(client) == "materialize"))
+                          or copy or self.busy.get(client) == "replicate"))
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.append(Deny(client))
         elif not want_deny and client in self.denied and \
-                self.busy.get(client) != "materialize":
+                self.busy.get(client) not in ("materialize", "replicate"):
             self.denied.discard(client)
             out.append(Admit(client))
         return out
+
+
+def _rank(client: str, node: str) -> int:
+    """Rendezvous hash weight of `node` for `client`."""
+    digest = hashlib.blake2b(f"{client}\0{node}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")

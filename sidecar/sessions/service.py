@@ -66,7 +66,8 @@ class SessionService:
     def __init__(self, node_id: str, incarnation: int, run_dir: Path, socket_path: Path,
                  secret: str, request: Request, transport: Any,
                  peers: Callable[[], Iterable[str]],
-                 barrier: Callable[[str, float], Awaitable[bool]]) -> None:
+                 barrier: Callable[[str, float], Awaitable[bool]],
+                 replicas: int = 1, down_grace: float = 1.0) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.request = request  # the plugin's commands (LocalLink.request)
@@ -79,7 +80,10 @@ class SessionService:
         self._counts: tuple[float, dict[str, int]] = (-1e9, {})
         self.store = SqliteSessionStore(run_dir / "sessions.sqlite")
         self.clock = HybridClock()
-        self.registry = SessionRegistry(node_id, self.clock)
+        self.registry = SessionRegistry(node_id, self.clock, replicas=replicas,
+                                        grace_ms=int(down_grace * 1000),
+                                        started_ms=_wall_ms())
+        self._up: set[str] = set()
         for record in self.store.load():
             self.registry.records[record.client] = record
         self.shadows = Shadows(socket_path, secret, self._deliver_marker)
@@ -159,6 +163,14 @@ class SessionService:
     def on_peer_up(self, peer: str) -> None:
         for data in wire.records_frames(self.registry.snapshot(), snapshot=True):
             self._send(peer, data)
+        self._up.add(peer)
+        self._run(self.registry.on_peers(self._up, _wall_ms()))
+
+    def on_peer_down(self, peer: str) -> None:
+        """`peer`'s stream went down (or it left): replicas of its sessions may take over."""
+        if peer in self._up:
+            self._up.discard(peer)
+            self._run(self.registry.on_peers(self._up, _wall_ms()))
 
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
         kind = frame.WhichOneof("body")
@@ -197,8 +209,11 @@ class SessionService:
             elif isinstance(action, Admit):
                 self._chain(action.client, self._command("admit", client=action.client))
             elif isinstance(action, Hold):
+                extra: dict[str, Any] = {"ring": True} if action.ring else {}
+                if action.since_ms is not None:
+                    extra["since_ms"] = action.since_ms
                 self._chain(action.client, self._command("hold", client=action.client,
-                                                         on=action.on))
+                                                         on=action.on, **extra))
             elif isinstance(action, Materialize):
                 self._chain(action.record.client, self._materialize(action))
             elif isinstance(action, Drain):
@@ -271,10 +286,11 @@ class SessionService:
                         extra={"client": record.client})
             self._run(self.registry.on_materialized(record.client, False, _wall_ms()))
             return
-        took = time.monotonic() - started
-        self._handover_sum += took
-        self._handover[next((i for i, le in enumerate(HANDOVER_BUCKETS) if took <= le),
-                            len(HANDOVER_BUCKETS))] += 1
+        if not action.replica:  # a client is waiting for this one
+            took = time.monotonic() - started
+            self._handover_sum += took
+            self._handover[next((i for i, le in enumerate(HANDOVER_BUCKETS) if took <= le),
+                                len(HANDOVER_BUCKETS))] += 1
         self._run(self.registry.on_materialized(record.client, True, _wall_ms()))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -388,6 +404,14 @@ class SessionService:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)
         return out
 
+    def _here(self, client: str) -> str | None:
+        """What this node's Mosquitto holds for `client`: online, session, replica (held or
+        queueing), shadow, or nothing."""
+        reg = self.registry
+        if client in reg.replica:
+            return "replica-queueing" if client in reg.queueing else "replica-held"
+        return reg.presence.get(client)
+
     def handover_histogram(self) -> tuple[list[tuple[str, int]], float]:
         """Cumulative (le, count) buckets of the time to make a moving session, and their sum
         (Prometheus histogram)."""
@@ -405,10 +429,12 @@ class SessionService:
             if (client is not None and r.client != client) or r.deleted:
                 continue
             out.append({"client": r.client, "owner": r.owner, "online": r.online,
+                        "replicas": self.registry.replica_nodes(r.client, r.owner)
+                        if r.persistent else [],
                         "persistent": r.persistent, "deleted": r.deleted,
                         "expiry": r.expiry, "protocol": r.protocol,
                         "expires_in_s": None if r.expires_at_ms() is None
                         else max(0, (r.expires_at_ms() - now) // 1000),
                         "subscriptions": dict(r.subscriptions),
-                        "here": self.registry.presence.get(r.client)})
+                        "here": self._here(r.client)})
         return out

@@ -169,9 +169,11 @@ def test_sessions_render_one_row_per_client_with_where_it_is_held() -> None:
                           subscriptions=2, here="online"),
         admin_pb2.Session(node_id="n3", client="dev", owner="n2", online=True, persistent=True,
                           session_expiry=600, expires_in_s=-1, protocol="mqtt5",
-                          subscriptions=1, here="session"),
+                          subscriptions=1, here="replica-held", replicas=["n3"]),
     ])
+    reply.sessions[1].replicas.append("n3")
     lines = render(reply, now=0).splitlines()
     assert len(lines) == 2, lines
     row = lines[1].split()
-    assert row[:3] == ["dev", "n2", "yes"] and row[-2:] == ["2", "n2:online,n3:session"]
+    assert row[:4] == ["dev", "n2", "n3", "yes"]
+    assert row[-2:] == ["2", "n2:online,n3:replica-held"]

@@ -6,6 +6,7 @@
 #include "calib.h"
 #include "commands.h"
 #include "events.h"
+#include "hold.h"
 #include "model.h"
 #include "origin.h"
 #include "shed.h"
@@ -16,13 +17,11 @@
 
 enum deny_mode { DENY_RETRY, DENY_REFUSE, DENY_SESSION };
 
-/* An entry of a set of client ids: the deny list (with its mode) and the hold list, a client
- * id whose offline session here must queue nothing more (its client connected on another
- * node, which now gets its messages; this node hands over what the session had queued). */
+/* An entry of the deny list (a set of client ids, with its mode). */
 struct id_entry {
 	UT_hash_handle hh;
 	char *id;
-	enum deny_mode mode; /* deny list only */
+	enum deny_mode mode;
 };
 
 static unsigned snapshot_chunk;
@@ -31,7 +30,6 @@ static unsigned snapshot_chunk;
  * and made the ones this node owns (`open_sessions`): a restarted Mosquitto has none. */
 static bool gate_closed;
 static struct id_entry *denies;
-static struct id_entry *holds;
 static uint64_t denied_connects;
 
 void commands_init(unsigned chunk, bool sessions_gate)
@@ -45,7 +43,7 @@ bool sessions_gate_closed(void)
 	return gate_closed;
 }
 
-/* ---- id sets (deny list, hold list) ------------------------------------------------- */
+/* ---- the deny list ------------------------------------------------------------------ */
 
 static struct id_entry *id_find(struct id_entry *set, const char *id)
 {
@@ -101,15 +99,10 @@ bool deny_connect(const char *id, bool clean_start, bool *refuse)
 	return true;
 }
 
-bool session_held(const char *id)
-{
-	return id_find(holds, id) != NULL;
-}
-
 void commands_cleanup(void)
 {
 	id_clear(&denies);
-	id_clear(&holds);
+
 	denied_connects = 0;
 	snapshot_chunk = 0;
 	gate_closed = false;
@@ -392,23 +385,28 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+/* hold {client, on, ring?, since_ms?}: on: the client's offline session here queues nothing
+ * (ring: a replica, which keeps what it refuses for a while); off: it queues again, first
+ * replaying what a ring refused at or after since_ms when given (hold.c). */
 static void cmd_hold(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
 	const cJSON *on = cJSON_GetObjectItemCaseSensitive(req, "on");
-	struct id_entry *h;
+	const cJSON *ring = cJSON_GetObjectItemCaseSensitive(req, "ring");
+	const cJSON *since = cJSON_GetObjectItemCaseSensitive(req, "since_ms");
 
-	if(client == NULL || !cJSON_IsBool(on)){
+	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
+			|| (since && !cJSON_IsNumber(since))){
 		reply_error(rq, "bad_request");
 		return;
 	}
 	if(cJSON_IsTrue(on)){
-		if(id_add(&holds, client) == NULL){
+		if(hold_set(client, ring && cJSON_IsTrue(ring)) != 0){
 			reply_error(rq, "internal");
 			return;
 		}
-	}else if((h = id_find(holds, client)) != NULL){
-		id_remove(&holds, h);
+	}else{
+		hold_release(client, since != NULL, since ? (int64_t)since->valuedouble : 0);
 	}
 	reply_ok(rq);
 }
@@ -458,9 +456,11 @@ static void cmd_stats(const struct request *rq)
 	struct ev_stats ev;
 	struct origin_stats og;
 	struct shed_stats sh;
+	uint64_t held, ring_messages, ring_bytes, replayed;
 
 	ev_stats(&ev);
 	origin_stats(&og);
+	hold_stats(&held, &ring_messages, &ring_bytes, &replayed);
 	shed_stats(&sh);
 	if(o){
 		cJSON_AddStringToObject(o, "epoch", ev_epoch());
@@ -475,6 +475,10 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "overflows", (double)ev.overflows);
 		cJSON_AddNumberToObject(o, "denied", HASH_COUNT(denies));
 		cJSON_AddNumberToObject(o, "denied_connects", (double)denied_connects);
+		cJSON_AddNumberToObject(o, "held", (double)held);
+		cJSON_AddNumberToObject(o, "ring_messages", (double)ring_messages);
+		cJSON_AddNumberToObject(o, "ring_bytes", (double)ring_bytes);
+		cJSON_AddNumberToObject(o, "replayed", (double)replayed);
 		cJSON_AddNumberToObject(o, "published", (double)ev.published);
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);

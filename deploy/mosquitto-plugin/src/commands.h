@@ -8,7 +8,6 @@ void commands_init(unsigned snapshot_chunk, bool sessions_gate);
 bool sessions_gate_closed(void);
 void commands_on_control(const struct mosquitto_evt_control *ed);
 bool deny_connect(const char *id, bool clean_start, bool *refuse);
-bool session_held(const char *id);
 void commands_cleanup(void);
 
 #endif

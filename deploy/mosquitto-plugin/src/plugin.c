@@ -8,6 +8,7 @@
 #include "calib.h"
 #include "commands.h"
 #include "events.h"
+#include "hold.h"
 #include "model.h"
 #include "origin.h"
 #include "shed.h"
@@ -317,13 +318,15 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	/* a shadow makes the subscriptions its client had on another node, where they were
 	 * checked; its session's queued messages are the client's: granted, and reported */
 	shadow = is_shadow(ed->client);
-	if(ed->access == MOSQ_ACL_READ && session_held(mosquitto_client_id(ed->client))
-			&& mosquitto__get_state
-			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED){
+	if(ed->access == MOSQ_ACL_READ && mosquitto__get_state
+			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
+			&& hold_refuses(mosquitto_client_id(ed->client), ed->topic, ed->payload,
+				ed->payloadlen, ed->qos)){
 		/* An offline session the sidecar holds queues nothing (`hold`): its client is
 		 * served by another node, or a shadow made it here ahead of its client, while the
 		 * node the client comes from still queues for it (and hands that over: never
-		 * twice). A connect re-checks the queue as another context, so that passes. */
+		 * twice); a replica's ring hold keeps it for a while (hold.c). A connect re-checks
+		 * the queue as another context, so that passes. */
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
@@ -520,6 +523,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 			emit_heartbeat();
 		}
 	}
+	hold_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -563,6 +567,7 @@ static void free_all(void)
 	origin_cleanup();
 	shed_cleanup();
 	commands_cleanup();
+	hold_clear();
 	events_cleanup();
 	calib_cleanup();
 	sidecar_cleanup();

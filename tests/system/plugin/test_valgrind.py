@@ -90,6 +90,22 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert sc.call("deliver", client="nobody", topic="d/3", payload="", qos=0,
                    timeout=20)["error"] == "unknown_client"
 
+    # ring holds (replicas): one replayed into its session, one left held at shutdown
+    for cid in ("vg-ring", "vg-ring-left"):
+        r = client(cid, session_expiry=300, clean_start=False)
+        r.connect(timeout=20)
+        r.subscribe("r/#", 1)
+        r.disconnect()
+        sc.wait_type("disconnect", client=cid, timeout=20)
+        assert sc.call("hold", client=cid, on=True, ring=True, timeout=20)["ok"] is True
+    for i in range(3):
+        p3.publish(f"r/{i}", b"x" * 100, qos=1)
+    assert sc.call("stats", timeout=20)["ring_messages"] >= 6
+    assert sc.call("hold", client="vg-ring", on=False, since_ms=0, timeout=20)["ok"] is True
+    r = client("vg-ring", session_expiry=300, clean_start=False)
+    assert r.connect(timeout=20) is True
+    assert r.wait_messages(lambda m: m.topic.startswith("r/"), count=3, timeout=20)
+
     # deny retry / refuse / admit, and an impostor of the sidecar id
     sc.call("deny", client="vg-denied", mode="retry", timeout=20)
     with pytest.raises(ConnectFailed):

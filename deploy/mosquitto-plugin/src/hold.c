@@ -1,0 +1,205 @@
+/* The hold list (`hold` command): client ids whose OFFLINE session here queues nothing.
+ *
+ * - A plain hold: the client is served by another node (or a shadow made its session here
+ *   ahead of it), so what Mosquitto routes to the session is refused (its READ check fails).
+ * - A ring hold (a replica: the cluster keeps a copy of the session here, queueing only while
+ *   its client is offline or its owner node is dead): refused messages of QoS > 0 are also kept
+ *   for RING_MS. Released with `replay`, the ones refused at or after `since_ms` are delivered
+ *   into the session, oldest first, ahead of anything routed to it later: the session then
+ *   holds what its client missed since `since_ms` even if the sidecar learnt late that it
+ *   must queue. The replay is done at the next tick (the end of Mosquitto's loop iteration),
+ *   so the plugin's publishes are queued at the start of the next iteration, before any
+ *   message read then; until that tick the session is still refused (and the ring grows).
+ *   Message properties are not visible to a READ check: replayed messages carry none.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hold.h"
+
+#define RING_MS 10000                      /* a ring keeps what it was refused this long */
+#define RING_BYTES_PER_HOLD (4u << 20)     /* and at most this many payload + topic bytes */
+#define RING_MESSAGES_PER_HOLD 20000u
+#define RING_BYTES_TOTAL ((uint64_t)64 << 20) /* over every ring */
+
+struct held_msg {
+	struct held_msg *next;
+	int64_t at_ms;
+	char *topic;
+	void *payload;
+	uint32_t len;
+	uint8_t qos;
+};
+
+struct hold {
+	UT_hash_handle hh;
+	char *id;
+	bool ring;
+	bool releasing;      /* replay at the next tick, then remove */
+	int64_t since_ms;
+	struct held_msg *head, *tail;
+	size_t bytes;
+	unsigned count;
+};
+
+static struct hold *holds;
+static unsigned releasing;
+static uint64_t ring_bytes, ring_messages, replayed;
+
+static struct hold *find(const char *id)
+{
+	struct hold *h = NULL;
+
+	if(id == NULL || holds == NULL) return NULL;
+	HASH_FIND_STR(holds, id, h);
+	return h;
+}
+
+static size_t msg_bytes(const struct held_msg *m)
+{
+	return (size_t)m->len + strlen(m->topic) + sizeof(*m);
+}
+
+static void drop_oldest(struct hold *h)
+{
+	struct held_msg *m = h->head;
+
+	h->head = m->next;
+	if(h->head == NULL) h->tail = NULL;
+	h->bytes -= msg_bytes(m);
+	h->count--;
+	ring_bytes -= msg_bytes(m);
+	ring_messages--;
+	free(m->topic);
+	free(m->payload);
+	free(m);
+}
+
+static void remove_hold(struct hold *h)
+{
+	while(h->head) drop_oldest(h);
+	if(h->releasing) releasing--;
+	HASH_DEL(holds, h);
+	free(h->id);
+	free(h);
+}
+
+/* Hold `id`'s offline session (a ring hold keeps what it refuses). 0, or -1: out of memory. */
+int hold_set(const char *id, bool ring)
+{
+	struct hold *h = find(id);
+
+	if(h == NULL){
+		h = calloc(1, sizeof(*h));
+		if(h) h->id = strdup(id);
+		if(h == NULL || h->id == NULL){
+			free(h);
+			return -1;
+		}
+		HASH_ADD_KEYPTR(hh, holds, h->id, strlen(h->id), h);
+	}
+	if(h->releasing){ /* held again before the replay: keep the ring, replay nothing */
+		h->releasing = false;
+		releasing--;
+	}
+	if(!ring) while(h->head) drop_oldest(h);
+	h->ring = ring;
+	return 0;
+}
+
+/* Let `id`'s offline session queue again; with `replay`, a ring hold first delivers what it
+ * refused at or after `since_ms` (at the next tick). */
+void hold_release(const char *id, bool replay, int64_t since_ms)
+{
+	struct hold *h = find(id);
+
+	if(h == NULL) return;
+	if(!replay || !h->ring){
+		remove_hold(h);
+		return;
+	}
+	if(!h->releasing) releasing++;
+	h->releasing = true;
+	h->since_ms = since_ms;
+}
+
+/* Whether a message routed to `id`'s offline session is refused (kept, for a ring hold). */
+bool hold_refuses(const char *id, const char *topic, const void *payload, uint32_t len,
+		uint8_t qos)
+{
+	struct hold *h = find(id);
+	struct held_msg *m;
+	int64_t now;
+
+	if(h == NULL) return false;
+	if(!h->ring || qos == 0 || topic == NULL) return true; /* an offline session drops QoS 0 */
+	now = now_ms();
+	while(h->head && (h->head->at_ms < now - RING_MS || h->bytes + len > RING_BYTES_PER_HOLD
+				|| h->count >= RING_MESSAGES_PER_HOLD
+				|| ring_bytes + len > RING_BYTES_TOTAL)){
+		drop_oldest(h);
+	}
+	if(ring_bytes + len > RING_BYTES_TOTAL || len > RING_BYTES_PER_HOLD) return true;
+	m = calloc(1, sizeof(*m));
+	if(m == NULL) return true;
+	m->topic = strdup(topic);
+	m->payload = len ? malloc(len) : NULL;
+	if(m->topic == NULL || (len && m->payload == NULL)){
+		free(m->topic);
+		free(m->payload);
+		free(m);
+		return true;
+	}
+	if(len) memcpy(m->payload, payload, len);
+	m->len = len;
+	m->qos = qos;
+	m->at_ms = now;
+	if(h->tail) h->tail->next = m;
+	else h->head = m;
+	h->tail = m;
+	h->bytes += msg_bytes(m);
+	h->count++;
+	ring_bytes += msg_bytes(m);
+	ring_messages++;
+	return true;
+}
+
+/* The end of a loop iteration: replay and remove the holds being released. */
+void hold_tick(void)
+{
+	struct hold *h, *tmp;
+	struct held_msg *m;
+
+	if(releasing == 0) return;
+	HASH_ITER(hh, holds, h, tmp){
+		if(!h->releasing) continue;
+		for(m = h->head; m; m = m->next){
+			if(m->at_ms < h->since_ms) continue;
+			/* a targeted delivery: queued for the offline session, no READ check */
+			if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
+						m->qos, false, NULL) == MOSQ_ERR_SUCCESS){
+				replayed++;
+			}
+		}
+		remove_hold(h);
+	}
+}
+
+void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays)
+{
+	*held = HASH_COUNT(holds);
+	*messages = ring_messages;
+	*bytes = ring_bytes;
+	*replays = replayed;
+}
+
+void hold_clear(void)
+{
+	struct hold *h, *tmp;
+
+	HASH_ITER(hh, holds, h, tmp){
+		remove_hold(h);
+	}
+	releasing = 0;
+	ring_bytes = ring_messages = replayed = 0;
+}

@@ -1,0 +1,224 @@
+"""Replicas of persistent sessions in the registry core: where they are, when they queue, and
+what happens to them when the client comes back, moves, or its owner dies."""
+
+from __future__ import annotations
+
+from sidecar.sessions.registry import (
+    Admit,
+    Discard,
+    Drain,
+    Hold,
+    Materialize,
+    SessionRegistry,
+)
+from tests.sessions.test_registry import Cluster
+
+
+class Replicated(Cluster):
+    """Nodes n1..nN with `replicas` 2, every stream up; replica materializations and discards
+    succeed when `finish` is called."""
+
+    def __init__(self, n: int = 3, replicas: int = 2) -> None:
+        super().__init__(n)
+        names = set(self.nodes)
+        self.nodes = {k: SessionRegistry(k, replicas=replicas, started_ms=self.now)
+                      for k in sorted(names)}
+        for k, reg in self.nodes.items():
+            reg.on_peers(names - {k}, self.now)
+
+    def finish(self, node: str) -> None:
+        """Complete the node's pending shadow operations (replicate/materialize, discard)."""
+        reg = self.nodes[node]
+        for _ in range(10):
+            made = self.take(node, Materialize)
+            gone = self.take(node, Discard)
+            if not made and not gone:
+                return
+            for m in made:
+                self.run(node, reg.on_materialized(m.record.client, True, self.now))
+            for d in gone:
+                self.run(node, reg.on_discarded(d.client, True, self.now))
+
+    def replica_of(self, client: str, owner: str) -> str:
+        return self.nodes[owner].replica_nodes(client, owner)[0]
+
+    def kill(self, node: str) -> None:
+        """`node` stops: every other node's stream to it goes down."""
+        del self.nodes[node]
+        for k, reg in self.nodes.items():
+            self.run(k, reg.on_peers(set(self.nodes) - {k}, self.now))
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        for k, reg in self.nodes.items():
+            self.run(k, reg.on_tick(self.now))
+
+
+def online_with_replica(c: Replicated) -> str:
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    rep = c.replica_of("dev", "n1")
+    for node in c.nodes:
+        c.finish(node)
+    return rep
+
+
+def test_one_other_node_holds_a_replica_held_with_a_ring_while_the_client_is_online():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    assert c.nodes[rep].replica["dev"] == ("n1", frozenset({("a/#", 1)}))
+    assert c.nodes[rep].presence["dev"] == "session"
+    holds = c.take(rep, Hold)
+    assert holds[-1] == Hold("dev", True, ring=True)
+    assert "dev" not in c.nodes[other].replica and "dev" not in c.nodes["n1"].replica
+    # a connect there would take the replica's session: it stays denied
+    assert "dev" in c.nodes[rep].denied
+
+
+def test_the_replica_queues_from_the_disconnect_minus_the_margin():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.take(rep, Hold)
+    c.disconnect("n1", "dev")
+    since = c.nodes["n1"].records["dev"].since_ms
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=since - 1_000)]
+    assert "dev" in c.nodes[rep].queueing
+
+
+def test_a_client_back_on_its_owner_has_its_replica_made_again_held():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    c.take(rep, Hold)
+    c.connect("n1", "dev", present=True)
+    assert c.take(rep, Discard) == [Discard("dev")]
+    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
+    c.finish(rep)
+    assert c.nodes[rep].replica["dev"][0] == "n1"
+    assert "dev" not in c.nodes[rep].queueing
+    assert c.take(rep, Hold)[-1] == Hold("dev", True, ring=True)
+
+
+def test_owner_dead_while_offline_a_connect_on_the_replica_promotes_it():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.disconnect("n1", "dev")
+    c.kill("n1")
+    # before the grace has passed the client is told to retry
+    assert c.nodes[rep].on_connect_rejected("dev", "denied", c.now) == []
+    c.tick(1_500)
+    acts = c.nodes[rep].on_connect_rejected("dev", "denied", c.now)
+    assert Admit("dev") in acts and not [a for a in acts if isinstance(a, Discard)]
+    assert c.nodes[rep].counters["promoted"] == 1
+    c.run(rep, acts)
+    c.connect(rep, "dev", present=True)
+    assert c.nodes[other].records["dev"].owner == rep
+    assert not c.take(other, Drain)
+    assert c.nodes[rep].records["dev"].subscriptions == {"a/#": 1}
+
+
+def test_owner_dead_a_connect_elsewhere_gets_the_replica_drained_to_it():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.disconnect("n1", "dev")
+    c.kill("n1")
+    c.tick(1_500)
+    c.take(rep, Hold)
+    # the client resumes on the node without a replica
+    acts = c.nodes[other].on_connect_rejected("dev", "denied", c.now)
+    c.run(other, acts)
+    c.finish(other)
+    c.connect(other, "dev", present=True)
+    drains = c.take(rep, Drain)
+    assert drains == [Drain("dev", other, ("a/#",))]
+
+
+def test_owner_alive_a_connect_on_the_replica_deletes_it_and_the_owner_drains():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    acts = c.nodes[rep].on_connect_rejected("dev", "denied", c.now)
+    assert Discard("dev") in acts and "dev" not in c.nodes[rep].replica
+    c.run(rep, acts)
+    c.take(rep, Discard)
+    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
+    made = c.take(rep, Materialize)
+    assert made and not made[0].replica  # made for the arriving client, then admitted
+    c.run(rep, c.nodes[rep].on_materialized("dev", True, c.now))
+    assert "dev" not in c.nodes[rep].denied
+    c.connect(rep, "dev", present=True)
+    assert c.take("n1", Drain) == [Drain("dev", rep, ("a/#",))]
+
+
+def test_owner_dead_while_online_the_replica_queues_from_its_death_minus_the_margin():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.take(rep, Hold)
+    killed_at = c.now
+    c.kill("n1")
+    assert not c.take(rep, Hold)  # not before the grace
+    c.tick(1_500)
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 1_000)]
+
+
+def test_new_subscriptions_make_the_replica_again():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "b/#", 2, c.now))
+    assert c.take(rep, Discard) == [Discard("dev")]
+    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
+    c.finish(rep)
+    assert c.nodes[rep].replica["dev"][1] == frozenset({("a/#", 1), ("b/#", 2)})
+
+
+def test_replicas_all_and_one():
+    c = Replicated(n=4, replicas=0)
+    c.connect("n1", "dev")
+    assert sorted(c.nodes["n1"].replica_nodes("dev", "n1")) == ["n2", "n3", "n4"]
+    c1 = Replicated(replicas=1)
+    c1.connect("n1", "dev")
+    assert c1.nodes["n2"].replica_nodes("dev", "n1") == []
+    assert not c1.take("n2", Materialize) and not c1.take("n3", Materialize)
+
+
+def test_every_node_agrees_on_the_replica():
+    c = Replicated(n=5, replicas=3)
+    for i in range(50):
+        views = {tuple(sorted(r.replica_nodes(f"c{i}", "n1"))) for r in c.nodes.values()
+                 if r.node_id != "n1"}
+        # each node ranks itself among the up nodes; all see the same set
+        assert len({tuple(sorted(c.nodes["n1"].replica_nodes(f"c{i}", "n1")))} | views) == 1
+
+
+def test_a_connect_elsewhere_before_the_owner_is_known_dead_waits_for_it():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.disconnect("n1", "dev")
+    c.kill("n1")
+    c.take(rep, Hold)
+    c.run(other, c.nodes[other].on_connect_rejected("dev", "denied", c.now))
+    c.finish(other)
+    c.connect(other, "dev", present=True)
+    assert not c.take(rep, Drain) and not c.take(rep, Discard)  # n1 may only be cut off
+    c.tick(1_500)
+    assert c.take(rep, Drain) == [Drain("dev", other, ("a/#",))]
+
+
+def test_owner_killed_with_its_client_online_elsewhere_the_replica_replays_then_drains():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.take(rep, Hold)
+    killed_at = c.now
+    c.kill("n1")
+    c.run(other, c.nodes[other].on_connect_rejected("dev", "denied", c.now))
+    c.finish(other)
+    c.connect(other, "dev", present=True)
+    assert not c.take(rep, Drain) and not c.take(rep, Discard)
+    c.tick(1_500)
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 1_000)]
+    assert c.take(rep, Drain) == [Drain("dev", other, ("a/#",))]
