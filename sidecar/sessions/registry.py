@@ -42,6 +42,7 @@ RETRY_MS = 1_000
 DOWN_GRACE_MS = 1_000
 REPLAY_MARGIN_MS = 1_000
 NEVER_UP = ""  # in `dead`: owners never seen up count as dead (since start + grace)
+RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this far back
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +151,12 @@ class SessionRegistry:
     replica: dict[str, tuple[str, frozenset[tuple[str, int]]]] = field(default_factory=dict)
     queueing: set[str] = field(default_factory=set)  # replicas released (they queue)
     arriving: set[str] = field(default_factory=set)  # clients that tried to connect here
+    # lost here and given to a replica: client -> the connect HLC of the record handed off
+    handed_off: dict[str, int] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
-        "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0})
+        "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
+        "handed_off": 0, "adopted": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -493,6 +497,39 @@ class SessionRegistry:
             return [Discard(client)]
         return []
 
+    def _lost_here(self, client: str, record: SessionRecord, now_ms: int) -> list[Action]:
+        """Ours, but the local Mosquitto lost it (it restarted, or this node came back from a
+        crash). A replica that is up holds what was queued meanwhile: it becomes the owner
+        (the record says so; once per client here, so two nodes without a copy cannot hand
+        it back and forth). Without one the session is made here again: its subscriptions,
+        queueing from now (what it had queued is lost). Just after this node started, peers
+        get the grace to come up first."""
+        if self.replicas != 1 and self.handed_off.get(client) != record.connect_hlc:
+            live = [n for n in self.replica_nodes(client, self.node_id) if n in self.up]
+            if live:
+                self.handed_off[client] = record.connect_hlc
+                self.counters["handed_off"] += 1
+                since = record.since_ms if not record.online else now_ms - RESTART_LOOKBACK_MS
+                return self._store(replace(record, owner=live[0], online=False,
+                                           since_ms=since,
+                                           change_hlc=self.clock.now(now_ms).pack()))
+            if NEVER_UP not in self.dead:
+                return []  # settled again when a peer comes up or the grace ends
+        self.busy[client] = "materialize"
+        return [Materialize(record)]
+
+    def _adopt(self, client: str, record: SessionRecord) -> list[Action]:
+        """Its owner lost its copy and handed the session to this replica: it is the session
+        now (released, replaying what it refused since the record's offline time, if held)."""
+        queueing = client in self.queueing
+        self._unreplicate(client)
+        self.held[client] = (record.connect_hlc, True)
+        self.counters["adopted"] += 1
+        if queueing:
+            return []
+        self.holding.discard(client)
+        return [Hold(client, False, since_ms=record.since_ms - self.margin_ms)]
+
     def _release_replica(self, client: str, base_ms: int) -> list[Action]:
         """Let the replica queue, first replaying what it refused since `base_ms` (the
         client's disconnect, or its owner's death) minus the margin."""
@@ -514,6 +551,9 @@ class SessionRegistry:
         record = self.records.get(client)
         local = self.presence.get(client)
         out: list[Action] = []
+        if record is not None and record.owner == self.node_id and local == "session" \
+                and client in self.replica:
+            out += self._adopt(client, record)
         if client not in self.busy and client not in self.failed and record is not None \
                 and record.owner != self.node_id and local == "session":
             out += self._settle_copy(client, record, now_ms)
@@ -521,9 +561,8 @@ class SessionRegistry:
         if record is not None and local is None and client not in self.busy \
                 and client not in self.failed and self._resumable(record, now_ms):
             if record.owner == self.node_id:
-                # ours, but the local Mosquitto lost it (it restarted): make it again, queueing
-                self.busy[client] = "materialize"
-                out.append(Materialize(record))
+                out += self._lost_here(client, record, now_ms)
+                record = self.records[client]
             elif client in self.arriving:  # its client came here: as on_connect_rejected
                 self.arriving.discard(client)
                 self.busy[client] = "materialize"
@@ -535,9 +574,7 @@ class SessionRegistry:
                 out += [Hold(client, True, ring=True), Materialize(record, replica=True)]
         copy = local == "session" and client in self.replica
         want_deny = (record is not None and self._resumable(record, now_ms)
-                     and ((local is None and (record.owner != self.node_id
-                                              or self.busy.get(client) == "materialize"))
-                          or copy or self.busy.get(client) == "replicate"))
+                     and (local is None or copy or self.busy.get(client) == "replicate"))
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.append(Deny(client))

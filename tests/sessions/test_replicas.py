@@ -222,3 +222,62 @@ def test_owner_killed_with_its_client_online_elsewhere_the_replica_replays_then_
     c.tick(1_500)
     assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 1_000)]
     assert c.take(rep, Drain) == [Drain("dev", other, ("a/#",))]
+
+
+def test_an_owner_that_lost_its_copy_hands_the_session_to_its_replica():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    since = c.nodes["n1"].records["dev"].since_ms
+    c.take(rep, Hold)
+    # n1's Mosquitto restarted: its snapshot holds nothing
+    c.now += 100
+    c.run("n1", c.nodes["n1"].on_local_snapshot({}, set(), c.now))
+    assert not c.take("n1", Materialize)
+    for node in c.nodes:
+        assert c.nodes[node].records["dev"].owner == rep
+        assert c.nodes[node].records["dev"].since_ms == since
+    assert "dev" not in c.nodes[rep].replica and c.nodes[rep].counters["adopted"] == 1
+    assert c.nodes[rep].held["dev"][1] is True  # handed over if the client moves on
+    assert "dev" not in c.nodes[rep].denied  # the client resumes there directly
+    assert "dev" in c.nodes["n1"].denied
+
+
+def test_an_owner_that_lost_its_copy_while_online_hands_it_over_with_a_lookback():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.take(rep, Hold)
+    c.now += 100
+    c.run("n1", c.nodes["n1"].on_local_snapshot({}, set(), c.now))
+    record = c.nodes[rep].records["dev"]
+    assert record.owner == rep and not record.online
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=c.now - 5_000 - 1_000)]
+
+
+def test_two_nodes_without_a_copy_do_not_hand_a_session_back_and_forth():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    # the replica's Mosquitto restarted too: it lost the replica
+    c.run(rep, c.nodes[rep].on_local_snapshot({}, set(), c.now))
+    c.take(rep, Materialize)
+    c.nodes[rep].busy.pop("dev", None)
+    c.run("n1", c.nodes["n1"].on_local_snapshot({}, set(), c.now))
+    owners = {c.nodes[n].records["dev"].owner for n in c.nodes}
+    assert len(owners) == 1
+    made = c.take(owners.pop(), Materialize)
+    assert made and not made[0].replica  # the session is made again somewhere, once
+
+
+def test_a_restarted_node_waits_for_its_peers_before_making_its_sessions_again():
+    c = Replicated()
+    online_with_replica(c)
+    c.disconnect("n1", "dev")
+    record = c.nodes["n1"].records["dev"]
+    fresh = SessionRegistry("n1", replicas=2, started_ms=c.now)
+    fresh.records["dev"] = record
+    acts = fresh.on_local_snapshot({}, set(), c.now)
+    assert not [a for a in acts if isinstance(a, Materialize)]
+    assert "dev" in fresh.denied  # no connect resumes nothing meanwhile
+    acts = fresh.on_tick(c.now + 1_500)  # no peer came up within the grace
+    assert [a for a in acts if isinstance(a, Materialize)] == [Materialize(record)]

@@ -118,3 +118,53 @@ def test_owner_killed_with_the_client_online_loses_nothing(own_cluster):
     assert not lost, f"lost {len(lost)} acknowledged messages: {lost[:20]}"
     pub.loop_stop()
     dev.leave()
+
+
+def _partition(cluster, sides: dict[str, list[str]]) -> None:
+    """Fault injection: each node refuses streams with the nodes listed for it (a file the
+    sidecar reads; empty lists heal)."""
+    for node, blocked in sides.items():
+        (cluster.run_dir / "nodes" / node / "blocked-peers").write_text(" ".join(blocked))
+
+
+def _stream(cluster, node: str, other: str) -> str | None:
+    peers = cluster.routing(node).get("peers", {})
+    return peers.get(other, {}).get("outbound", {}).get("state")
+
+
+def test_a_partition_heals_into_one_registry_where_the_latest_connect_wins(own_cluster):
+    """n1 | n2 n3: the session's client, offline on n1, resumes on n2 while messages wait on
+    n1's side. Healed, every node agrees on n2 and n1 hands over what it queued."""
+    cluster = own_cluster
+    topic = "partition/x"
+    dev = Device(f"dev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    dev.subscribe(topic, 1)
+    cluster.wait_interest("n1", topic)
+    dev.leave()
+    _replica_node(cluster, "n1")
+    _partition(cluster, {"n1": ["n2", "n3"], "n2": ["n1"], "n3": ["n1"]})
+    try:
+        wait_for(lambda: _stream(cluster, "n2", "n1") != "up"
+                 and _stream(cluster, "n1", "n2") != "up", 15, "the partition")
+        publish(cluster.ports["n1"], topic, 20)  # queued on n1's side only
+        assert dev.connect(cluster.ports["n2"], timeout=20) is True, "session present"
+        publish(cluster.ports["n3"], topic, 20, start=20)
+        assert dev.wait_count(20)[-20:] == list(range(20, 40))
+        assert {(cluster.state(n).get("cluster_sessions") or {}).get("owned")
+                for n in ("n1", "n2")} == {1}, "both sides own it during the partition"
+    finally:
+        _partition(cluster, {"n1": [], "n2": [], "n3": []})
+    cluster.wait_meshed()
+    got = dev.wait_count(40, timeout=20)
+    assert set(got) == set(range(40)), f"missing {sorted(set(range(40)) - set(got))}"
+
+    def owners() -> set[int]:
+        return {(cluster.state(n).get("cluster_sessions") or {}).get("owned", 0)
+                for n in ("n1", "n2", "n3")}
+    wait_for(lambda: sorted(owners()) == [0, 1], 10, "one owner")
+    assert (cluster.state("n2").get("cluster_sessions") or {}).get("owned") == 1
+    print(f"received {len(got)} of 40, duplicates {len(got) - len(set(got))}")
+    publish(cluster.ports["n1"], topic, 5, start=40)  # one subscription, on n2
+    assert dev.wait_count(45)[-5:] == list(range(40, 45))
+    dev.leave()
