@@ -18,15 +18,20 @@ def test_a_restarted_mosquitto_gets_the_sessions_its_node_owns_back(own_cluster)
     cluster = own_cluster
     topic = "rebuilt/x"
     dev = _session(cluster, "n1", topic)
+    wait_for(lambda: sum((cluster.state(n).get("cluster_sessions") or {})
+                         .get("replicas_queueing", 0) for n in ("n2", "n3")) == 1,
+             15, "a replica queueing")
+    publish(cluster.ports["n2"], topic, 20)  # queued on n1 and on the replica
     old_pid = cluster.state("n1")["mosquitto_pid"]
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: cluster.state("n1").get("mosquitto_pid") not in (None, old_pid)
              and cluster.state("n1").get("ready"), 20, "n1's Mosquitto restarted")
-    # its subscription is back (messages queued in the dead Mosquitto are not: no replicas)
+    # n1 handed the session to its replica, which kept what was queued; resumed on n1
     assert dev.connect(cluster.ports["n1"]) is True, "session present after the restart"
-    cluster.wait_interest("n1", topic)
-    publish(cluster.ports["n2"], topic, 20)
     assert dev.wait_count(20) == list(range(20))
+    cluster.wait_interest("n1", topic)
+    publish(cluster.ports["n2"], topic, 20, start=20)
+    assert dev.wait_count(40)[20:] == list(range(20, 40))
     dev.leave()
 
 
