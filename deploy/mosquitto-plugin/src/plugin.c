@@ -13,6 +13,7 @@
 #include "shed.h"
 #include "sidecar.h"
 #include "util.h"
+#include "will.h"
 
 #define MQFED_VERSION "0.1.0"
 #define MQFED_CONTROL_TOPIC "$CONTROL/mqfed/v1"
@@ -565,6 +566,7 @@ static void free_all(void)
 	commands_cleanup();
 	events_cleanup();
 	calib_cleanup();
+	will_cleanup();
 	sidecar_cleanup();
 	free(secret);
 	secret = NULL;
