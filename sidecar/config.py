@@ -131,6 +131,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                " retained messages are remembered (longer than any outage or"
                                " partition a node may come back from)"),
     },
+    "wills": {
+        "grace": Key(float, 3.0, _positive, "seconds a node's peer streams must have been down,"
+                     " after its etcd lease expired, before it is confirmed dead and one"
+                     " survivor publishes its clients' wills"),
+    },
     "overload": {
         "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"
                           " peers at which publishers of QoS > 0 messages peers want are"
