@@ -25,6 +25,7 @@ from sidecar.local.events import Connect, Disconnect, RetainedSeen, Snapshot, Wi
 from sidecar.local.forward_client import to_paho_properties
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID, SIDECAR_USERNAME
 from sidecar.membership.view import Change
+from sidecar.peering.transport import FrameTooLarge
 from sidecar.wills import wire
 from sidecar.wills.liveness import Confirmed, Liveness, Returned
 from sidecar.wills.record import ARMED, WillMessage, WillRecord
@@ -273,7 +274,11 @@ class WillService:
                 self._send(peer, data)
 
     def _send(self, peer: str, data: bytes, reply: bool = False) -> bool:
-        sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        try:
+            sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        except FrameTooLarge as exc:  # one will larger than a peer frame may be
+            log.warning("a will record is too large to replicate: %s", exc, extra={"peer": peer})
+            return False
         if sent:
             self.counters["frames_out"] += 1
         return bool(sent)

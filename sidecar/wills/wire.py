@@ -9,6 +9,7 @@ from sidecar.message import MessageProperties
 from sidecar.wills.record import ARMED, DELAYED, DONE, WillMessage, WillRecord
 
 RECORDS_PER_FRAME = 200
+FRAME_BYTES = 4 << 20  # a frame holds fewer records when their wills are large
 _STATE = {ARMED: peer_pb2.WillRecord.ARMED, DELAYED: peer_pb2.WillRecord.DELAYED,
           DONE: peer_pb2.WillRecord.DONE}
 _STATE_BACK = {v: k for k, v in _STATE.items()}
@@ -66,14 +67,18 @@ def record_from_proto(m: peer_pb2.WillRecord) -> WillRecord:
 
 def records_frames(records: Iterable[WillRecord], snapshot: bool = False,
                    exchange: int = 0) -> Iterator[bytes]:
-    """`Frame{will_records}`s of at most RECORDS_PER_FRAME records each; with `exchange`, only
-    the last asks for an acknowledgement (one is sent even for no records)."""
+    """`Frame{will_records}`s of at most RECORDS_PER_FRAME records (or about FRAME_BYTES)
+    each; with `exchange`, only the last asks for an acknowledgement (one is sent even for no
+    records)."""
     batch: list[peer_pb2.WillRecord] = []
+    size = 0
     for r in records:
-        batch.append(record_to_proto(r))
-        if len(batch) == RECORDS_PER_FRAME:
+        m = record_to_proto(r)
+        batch.append(m)
+        size += m.ByteSize()
+        if len(batch) == RECORDS_PER_FRAME or size >= FRAME_BYTES:
             yield _frame(batch, snapshot, 0)
-            batch = []
+            batch, size = [], 0
     if batch or exchange:
         yield _frame(batch, snapshot, exchange)
 

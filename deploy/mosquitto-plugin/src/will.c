@@ -247,15 +247,6 @@ void will_add_fate(cJSON *o, struct mosquitto *client)
 	}
 }
 
-const char *will_read_name(void)
-{
-	switch(state){
-		case WILL_OK: return "ok";
-		case WILL_UNKNOWN: return "unknown";
-		default: return "pending";
-	}
-}
-
 void will_cleanup(void)
 {
 	state = WILL_PENDING;

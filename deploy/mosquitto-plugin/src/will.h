@@ -6,7 +6,6 @@
 
 void will_add_json(cJSON *o, struct mosquitto *client);
 void will_add_fate(cJSON *o, struct mosquitto *client);
-const char *will_read_name(void);
 void will_cleanup(void);
 
 #endif

@@ -4,11 +4,12 @@ guarded read of Mosquitto's client structure, and what became of it at its disco
 from __future__ import annotations
 
 import base64
+import subprocess
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.system.plugin.helpers import Client
+from tests.system.plugin.helpers import Client, FakeSidecar
 
 
 def _with_will(client: Client, topic: str, payload: bytes, qos: int = 1, retain: bool = False,
@@ -102,3 +103,32 @@ def _reason(code: int):
     from paho.mqtt.reasoncodes import ReasonCode
 
     return ReasonCode(PacketTypes.DISCONNECT, identifier=code)
+
+
+SHIM = """
+#include <stddef.h>
+/* interposed before libc's: every allocation looks too small to hold what the plugin reads */
+size_t malloc_usable_size(void *p) { (void)p; return 0; }
+"""
+
+
+def test_an_unreadable_will_is_unknown_with_one_warning(make_broker, clients, tmp_path):
+    """A broker whose client structure is not what the plugin expects (here: its allocation
+    looks too small): wills are reported as unknown (null), with one warning, and the broker
+    keeps serving."""
+    shim = tmp_path / "shim.c"
+    shim.write_text(SHIM)
+    so = tmp_path / "shim.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(shim)], check=True)
+    so.chmod(0o755)
+    tmp_path.chmod(0o755)
+    b = make_broker(wrapper=["env", f"LD_PRELOAD={so}"])
+    sc = clients(FakeSidecar(b.sock)).start()
+    for cid in ("u-1", "u-2"):
+        c = _with_will(clients(Client(cid, port=b.port)), "will/u", b"x")
+        c.connect()
+        assert sc.wait_type("connect", client=cid)[0]["will"] is None
+        c.drop()
+        assert sc.wait_type("disconnect", client=cid)[0]["will"] is None
+    assert b.alive()
+    assert b.log().count("mqfed: reading client wills failed") == 1, b.log()
