@@ -155,6 +155,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "down_grace": Key(float, 1.0, _positive, "seconds a node's peer stream must be down"
                           " before its sessions' replicas take over"),
     },
+    "wills": {
+        "grace": Key(float, 3.0, _positive, "seconds a node's peer streams must have been down,"
+                     " after its etcd lease expired, before it is confirmed dead and one"
+                     " survivor publishes its clients' wills"),
+    },
     "overload": {
         "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"
                           " peers at which publishers of QoS > 0 messages peers want are"

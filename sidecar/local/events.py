@@ -50,6 +50,7 @@ __all__ = [
     "SnapshotSubscription",
     "Subscribe",
     "Unsubscribe",
+    "Will",
     "decode_event",
     "decode_reply",
     "encode_command",
@@ -155,6 +156,19 @@ def properties_from_json(obj: Any) -> MessageProperties:
 
 
 @dataclass(frozen=True)
+class Will:
+    """A client's will as it set it at CONNECT: ``delay`` is its Will Delay Interval (s);
+    ``properties`` include its Message Expiry Interval."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    delay: int = 0
+    properties: MessageProperties = MessageProperties()
+
+
+@dataclass(frozen=True)
 class Connect:
     """A client connection was accepted by every auth provider."""
 
@@ -170,6 +184,8 @@ class Connect:
     keepalive: int
     session_present: bool
     address: str | None
+    will: Will | bool | None = None
+    """The client's `Will`, False when it set none, None when unknown (unreadable)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +213,9 @@ class Disconnect:
     taken_over: bool
     session_kept: bool
     session_expiry: int | None
+    will: str | None = None
+    """What became of its will: "sent" (published now), "delayed" (after its delay unless it
+    comes back), "none" (none, or cleared), None (unknown; always at a takeover)."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +333,8 @@ class SnapshotClient:
     session_expiry: int | None
     online: bool
     subscriptions: tuple[SnapshotSubscription, ...] = ()
+    will: Will | bool | None = None
+    """Online clients: as in `Connect`."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +359,17 @@ def _properties(value: Any) -> MessageProperties:
         raise TypeError(f"a properties object ({exc})") from None
 
 
+def _will(value: Any) -> Will | bool:
+    if value is False:
+        return False
+    if not isinstance(value, dict):
+        raise TypeError("a will object or false")
+    try:
+        return _build(Will, value, "will")
+    except ProtocolError as exc:
+        raise TypeError(f"a will object ({exc})") from None
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "str": _str,
     "str | None": _optional(_str),
@@ -348,6 +380,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "bytes | None": _optional(_b64),
     "MessageProperties": _properties,
     "tuple[SnapshotSubscription, ...]": _subscriptions,
+    "Will | bool | None": _optional(_will),
 }
 
 _JSON_NAME = {"t_ms": "t"}

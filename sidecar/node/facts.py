@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sidecar.routing.service import RoutingService
     from sidecar.routing.table import SubscriptionTable
     from sidecar.sessions.service import SessionService
+    from sidecar.wills.service import WillService
 
 
 class NodeView(Protocol):
@@ -40,6 +41,8 @@ class NodeView(Protocol):
     def routing(self) -> RoutingService | None: ...
     @property
     def sessions(self) -> SessionService | None: ...
+    @property
+    def wills(self) -> WillService | None: ...
     @property
     def peer_tls(self) -> PeerTls | None: ...
     @property

@@ -40,6 +40,8 @@ from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.sessions.service import SessionService
 from sidecar.tokens import AuthError, read_token
+from sidecar.wills.service import WillService
+from sidecar.wills.sessions_view import RegistryView
 
 log = logging.getLogger("mqfed.node")
 
@@ -63,6 +65,8 @@ class Node:
                                on_fatal=self._on_protocol_error,
                                on_event=self._on_client_event, on_snapshot=self._on_snapshot)
         self.sessions: SessionService | None = None
+        self.wills: WillService | None = None
+        self._members: dict[str, int] = {}  # the last membership view, for the wills
         self.broker: MosquittoProcess | None = None
         self.routing: RoutingService | None = None
         self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
@@ -117,10 +121,14 @@ class Node:
     def _on_client_event(self, event: Event) -> None:
         if self.sessions is not None:
             self.sessions.on_event(event)
+        if self.wills is not None:  # after the sessions: it reads their connect times
+            self.wills.on_event(event)
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         if self.sessions is not None:
             self.sessions.on_snapshot(snapshot)
+        if self.wills is not None:
+            self.wills.on_snapshot(snapshot)
 
     def _on_protocol_error(self, exc: ProtocolError) -> None:
         log.error("plugin protocol error: %s", exc)
@@ -162,6 +170,8 @@ class Node:
         online = [c for c, info in self.table.sessions().items()
                   if info.online and not c.startswith(DEFAULT_SIDECAR_ID)]
         await drain(self.link, online, self.routing)
+        if self.wills is not None:  # the delayed wills Mosquitto would take down with it
+            await self.wills.handover()
 
     async def _on_broker_restart(self) -> None:
         log.warning("mosquitto restarted; the link re-syncs from a new snapshot")
@@ -177,6 +187,8 @@ class Node:
     def _on_membership_events(self, changes) -> None:
         """A crashed peer (key expired, no graceful leave) stays routed for a while."""
         self.admin.on_membership(changes)
+        if self.wills is not None:
+            self.wills.on_membership(changes)
         for peer in self.routed.on_events(changes, time.monotonic()):
             log.warning("peer crashed; keeping its interest and queue",
                         extra={"peer": peer, "retention_s": self.routed.retention})
@@ -253,12 +265,33 @@ class Node:
             routing.settle_to, replicas=replica_count(self.config["sessions"]["replicas"]),
             down_grace=self.config["sessions"]["down_grace"])
         routing.sessions = self.sessions
+        self.wills = self._build_wills(routing, incarnation)
+        routing.wills = self.wills
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then
         except PeerTransportError as exc:
             raise NodeError(str(exc)) from None
         self.sessions.start()
+        self.wills.start()
         return snapshot
+
+    def _build_wills(self, routing: RoutingService, incarnation: int) -> WillService:
+        assert self.link is not None and self.sessions is not None
+        return WillService(
+            self.config.node_id, self.layout.run_dir, self.config["wills"]["grace"], self.link,
+            routing.transport, lambda: list(routing.queues), RegistryView(self.sessions.registry),
+            lambda: self._membership_view(incarnation), routing.on_retained_seen)
+
+    def _membership_view(self, incarnation: int) -> dict[str, int]:
+        """Node id -> incarnation of every member, this node included (the last view known
+        once the node has left etcd). Static peers are always members."""
+        if self.membership is not None:
+            self._members = {n: r.incarnation
+                             for n, r in self.membership.view.members().items()}
+        elif self.config["membership"]["mode"] == "static":
+            self._members = {p: 0 for p in self.routed.routed}
+            self._members[self.config.node_id] = incarnation
+        return self._members
 
     async def _abandon_start(self) -> None:
         """Start-up failed after Mosquitto was up: undo what started, and stop the Mosquitto
@@ -266,6 +299,9 @@ class Node:
         if self.sessions is not None:
             with contextlib.suppress(Exception):
                 await self.sessions.stop()
+        if self.wills is not None:
+            with contextlib.suppress(Exception):
+                await self.wills.stop()
         if self.routing is not None:
             with contextlib.suppress(Exception):
                 await self.routing.stop()
@@ -336,6 +372,8 @@ class Node:
             await self.admin.stop()
             if self.sessions is not None:
                 await self.sessions.stop()
+            if self.wills is not None:
+                await self.wills.stop()
             if self.routing is not None:
                 await self.routing.stop()
             self.sync.close()

@@ -51,6 +51,8 @@ class NodeCollector(Collector):
             yield from self._routing()
         if node.sessions is not None:
             yield from self._cluster_sessions()
+        if node.wills is not None:
+            yield from self._wills()
 
     def _plugin(self) -> Iterator[Metric]:
         s = self.node.stream.stats()
@@ -109,6 +111,38 @@ class NodeCollector(Collector):
         yield HistogramMetricFamily("mqfed_session_handover_seconds", "Time to make a moving "
                                     "session on this node (the client waits that long, plus "
                                     "its reconnect delay).", buckets=buckets, sum_value=total)
+
+    def _wills(self) -> Iterator[Metric]:
+        assert self.node.wills is not None
+        st = self.node.wills.status()
+        g = _gauge("wills", "Will records in the cluster's table, as this node sees them.",
+                   ["state"])
+        g.add_metric(["pending"], st["pending"])
+        g.add_metric(["orphaned"], st["orphaned"])
+        g.add_metric(["all"], st["records"])
+        yield g
+        pub = _counter("wills_published", "Wills this node published on behalf of another "
+                       "node (dead_node: confirmed dead; leaving: handed over at a drain; "
+                       "lost: its Mosquitto restarted).", ["reason"])
+        for reason in ("dead_node", "leaving", "lost"):
+            pub.add_metric([reason], st[f"published_{reason}"])
+        yield pub
+        yield CounterMetricFamily("mqfed_wills_skipped", "Wills of another node not published "
+                                  "because the client connected again meanwhile.",
+                                  value=st["skipped_reconnected"])
+        yield CounterMetricFamily("mqfed_will_publish_failures", "Attempts to publish a will "
+                                  "on behalf of another node that failed (retried).",
+                                  value=st["publish_failures"])
+        yield CounterMetricFamily("mqfed_node_deaths_confirmed", "Peers this node confirmed "
+                                  "dead (lease expired, streams down for wills.grace).",
+                                  value=st["deaths_confirmed"])
+        yield CounterMetricFamily("mqfed_will_false_death", "Peers confirmed dead that came "
+                                  "back with the same incarnation (cut off, not dead).",
+                                  value=st["deaths_false"])
+        yield CounterMetricFamily("mqfed_wills_published_while_online", "This node's clients "
+                                  "whose will a peer published while they were connected here "
+                                  "(this node was taken for dead).",
+                                  value=st["published_while_online"])
 
     def _membership(self) -> Iterator[Metric]:
         m = self.node.membership

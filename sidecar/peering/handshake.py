@@ -32,14 +32,17 @@ __all__ = [
     "Hello",
     "Refuse",
     "RefuseCode",
+    "WILLS",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MINOR = 2
 SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
 INTEREST_CHUNKS = "interest-chunks"
 """1.1: interest snapshots in chunks, and InterestApplied replies (interest lag)."""
-CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS})
+WILLS = "wills"
+"""1.2: WillRecords / WillRecordsAck frames (the replicated will table, issue 19)."""
+CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS})
 """Optional features this version implements."""
 
 

@@ -26,7 +26,7 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
-from sidecar.peering.handshake import INTEREST_CHUNKS, Accept, Handshake, Hello
+from sidecar.peering.handshake import INTEREST_CHUNKS, WILLS, Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
@@ -95,7 +95,7 @@ class PluginCommands(Protocol):
 
 
 class PeerFrames(Protocol):
-    """Another replicated part that speaks over the peer streams (sessions)."""
+    """Another replicated part that speaks over the peer streams (sessions, wills)."""
 
     def on_peer_up(self, peer: str) -> None: ...
 
@@ -153,6 +153,7 @@ class RoutingService:
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
         self.pacing = Pacing(fwd.max_queued)
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
+        self.wills: PeerFrames | None = None  # the will table's frames (node sets)
         self._barriers = itertools.count(1)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
                                         lambda: list(self.queues), read_retained,
@@ -287,6 +288,8 @@ class RoutingService:
         self.retained.on_peer_up(peer)
         if self.sessions is not None:
             self.sessions.on_peer_up(peer)
+        if self.wills is not None and WILLS in accept.capabilities:
+            self.wills.on_peer_up(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
@@ -339,6 +342,8 @@ class RoutingService:
             self.retained.on_frame(peer, frame, inbound)
         elif kind is not None and kind.startswith("session_") and self.sessions is not None:
             self.sessions.on_frame(peer, frame, inbound)
+        elif kind is not None and kind.startswith("will_") and self.wills is not None:
+            self.wills.on_frame(peer, frame, inbound)
 
     def on_retained_seen(self, event: RetainedSeen) -> None:
         """A local client's retained publish (plugin event): the retained path takes it."""

@@ -28,6 +28,7 @@ from sidecar.local.events import (
     SnapshotSubscription,
     Subscribe,
     Unsubscribe,
+    Will,
     decode_event,
     decode_reply,
     encode_command,
@@ -185,6 +186,34 @@ def test_optional_fields_may_be_absent() -> None:
     retained = decode_event(raw(type="retained", client="c", topic="t", payload="", qos=0))
     assert isinstance(retained, RetainedSeen)
     assert retained.properties == MessageProperties()
+
+
+CONNECT = {"type": "connect", "client": "c", "username": None, "protocol": "mqtt5",
+           "clean_start": True, "session_expiry": 0, "keepalive": 60,
+           "session_present": False, "address": None}
+
+
+def test_connect_will_object_false_or_unknown() -> None:
+    will = {"topic": "w/t", "payload": base64.b64encode(b"bye").decode(), "qos": 2,
+            "retain": True, "delay": 30, "properties": {"user": [["k", "v"]],
+                                                        "message_expiry": 9}}
+    event = decode_event(raw(**CONNECT, will=will))
+    assert event.will == Will("w/t", b"bye", 2, True, 30,
+                              MessageProperties(user=(("k", "v"),), message_expiry=9))
+    assert decode_event(raw(**CONNECT, will=False)).will is False
+    assert decode_event(raw(**CONNECT, will=None)).will is None  # unreadable
+    assert decode_event(raw(**CONNECT)).will is None  # an older plugin
+    with pytest.raises(ProtocolError, match="field 'will' must be a will object"):
+        decode_event(raw(**CONNECT, will=True))
+    with pytest.raises(ProtocolError, match="'qos' must be 0, 1 or 2"):
+        decode_event(raw(**CONNECT, will={**will, "qos": 3}))
+
+
+def test_disconnect_will_fate() -> None:
+    base = {"type": "disconnect", "client": "c", "taken_over": False, "session_kept": False,
+            "session_expiry": 0}
+    assert decode_event(raw(**base, will="delayed")).will == "delayed"
+    assert decode_event(raw(**base)).will is None
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@
 #include "events.h"
 #include "model.h"
 #include "sidecar.h"
+#include "will.h"
 
 struct sub {
 	UT_hash_handle hh;
@@ -260,7 +261,9 @@ static void emit_session_expired(struct client *c)
 	ev_emit(ev);
 }
 
-static void emit_disconnect(struct client *c, bool taken_over, bool kept, int64_t expiry)
+/* `conn`: the connection ending (not at a takeover), whose will's fate is reported. */
+static void emit_disconnect(struct client *c, bool taken_over, bool kept, int64_t expiry,
+		struct mosquitto *conn)
 {
 	cJSON *ev = ev_new("disconnect");
 
@@ -269,6 +272,7 @@ static void emit_disconnect(struct client *c, bool taken_over, bool kept, int64_
 		cJSON_AddBoolToObject(ev, "taken_over", taken_over);
 		cJSON_AddBoolToObject(ev, "session_kept", kept);
 		cjson_add_expiry(ev, "session_expiry", expiry);
+		if(conn) will_add_fate(ev, conn);
 	}
 	if(kept){
 		client_set_offline(c);
@@ -363,7 +367,7 @@ static void pending_resolve(struct pending *p)
 
 	if(c && c->online && c->conn != conn){
 		/* Its DISCONNECT should have come first; stay consistent anyway. */
-		emit_disconnect(c, true, !clean && c->expiry != 0, c->expiry);
+		emit_disconnect(c, true, !clean && c->expiry != 0, c->expiry, NULL);
 		c = model_find(p->id);
 	}
 	if(c && !clean && c->expiry != 0){
@@ -391,6 +395,7 @@ static void pending_resolve(struct pending *p)
 		cJSON_AddNumberToObject(ev, "keepalive", mosquitto_client_keepalive(conn));
 		cJSON_AddBoolToObject(ev, "session_present", present);
 		cjson_add_str_or_null(ev, "address", address);
+		will_add_json(ev, conn);
 	}
 	if(c){
 		free(c->username);
@@ -479,12 +484,12 @@ void model_on_disconnect(struct mosquitto *conn)
 		 * session moves to it when it asked for clean start false and the old one had an
 		 * expiry; Mosquitto has already zeroed the old connection's fields. */
 		int64_t old = p2->have_old_expiry ? p2->old_expiry : c->expiry;
-		emit_disconnect(c, true, !p2->clean_start && old != 0, old);
+		emit_disconnect(c, true, !p2->clean_start && old != 0, old, NULL);
 	}else{
 		int64_t expiry = client_expiry(conn);
 		/* expiry 0: Mosquitto frees the session right after this callback.
 		 * unknown (v5, calibration failed): assume kept (fail-safe: never lose a session). */
-		emit_disconnect(c, false, expiry != 0, expiry);
+		emit_disconnect(c, false, expiry != 0, expiry, conn);
 	}
 }
 
@@ -591,6 +596,7 @@ cJSON *model_client_json_part(struct client *c, void **from, unsigned max)
 	cJSON_AddBoolToObject(o, "clean_start", c->clean_start);
 	cjson_add_expiry(o, "session_expiry", c->expiry);
 	cJSON_AddBoolToObject(o, "online", c->online);
+	if(c->online && c->conn && *from == NULL) will_add_json(o, c->conn);
 	subs = cJSON_AddArrayToObject(o, "subscriptions");
 	if(subs == NULL){
 		cJSON_Delete(o);

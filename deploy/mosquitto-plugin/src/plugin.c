@@ -14,6 +14,7 @@
 #include "shed.h"
 #include "sidecar.h"
 #include "util.h"
+#include "will.h"
 
 #define MQFED_VERSION "0.1.0"
 #define MQFED_CONTROL_TOPIC "$CONTROL/mqfed/v1"
@@ -570,6 +571,7 @@ static void free_all(void)
 	hold_clear();
 	events_cleanup();
 	calib_cleanup();
+	will_cleanup();
 	sidecar_cleanup();
 	free(secret);
 	secret = NULL;

@@ -29,7 +29,8 @@ def test_connect_and_disconnect_fields_for_v5_v311_v31(broker, sidecar, client_f
     assert c5 | {"t": 0, "seq": 0, "epoch": ""} == {
         "v": 1, "epoch": "", "seq": 0, "t": 0, "type": "connect", "client": "v5-client",
         "username": None, "protocol": "mqtt5", "clean_start": False, "session_expiry": 30,
-        "keepalive": 17, "session_present": False, "address": "127.0.0.1"}
+        "keepalive": 17, "session_present": False, "address": "127.0.0.1",
+        "will": False}
     c311 = sidecar.wait_type("connect", client="v311-client")[0]
     assert (c311["protocol"], c311["clean_start"], c311["session_expiry"]) == ("mqtt311", True, 0)
     c31 = sidecar.wait_type("connect", client="v31-client")[0]

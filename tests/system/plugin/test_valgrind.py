@@ -64,6 +64,26 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     p.publish("ret/2", b"x", qos=1, retain=True, properties=props)
     sc.wait_type("retained", count=3, timeout=20)
 
+    # wills (read from Mosquitto's client structure): with properties and a delay, dropped
+    # (delayed), kicked with its will (sent), a normal DISCONNECT (cleared)
+    wp = Properties(PacketTypes.WILLMESSAGE)
+    wp.WillDelayInterval = 2
+    wp.UserProperty = [("w", "1")]
+    wp.MessageExpiryInterval = 60
+    for cid in ("vg-will-drop", "vg-will-kick", "vg-will-bye"):
+        w = client(cid, session_expiry=60)
+        w.c.will_set(f"will/{cid}", b"gone", qos=1, retain=cid == "vg-will-kick", properties=wp)
+        w.connect(timeout=20)
+        assert sc.wait_type("connect", client=cid, timeout=20)[0]["will"]["delay"] == 2
+        if cid == "vg-will-drop":
+            w.drop()
+        elif cid == "vg-will-kick":
+            assert sc.call("kick", client=cid, with_will=True, timeout=20)["ok"] is True
+        else:
+            w.disconnect()
+        fate = sc.wait_type("disconnect", client=cid, timeout=20)[0]["will"]
+        assert fate == ("none" if cid == "vg-will-bye" else "delayed"), (cid, fate)
+
     # takeover (session kept), then kick online (re-check path) and kick offline (refused)
     p2 = client("vg-persist", session_expiry=300, clean_start=False)
     assert p2.connect(timeout=20) is True
@@ -181,6 +201,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert sc2.resume(sc.contig + 1)["error"] == "gap"
     _, snap = sc2.snapshot(timeout=20)
     assert {c["client"] for c in snap} >= {"vg-persist", "vg-v311", "vg-online"}
+    assert all(c["will"] is False for c in snap if c["online"])  # read for the snapshot too
     v3.drop()
     sc2.wait_type("disconnect", client="vg-v311", timeout=20)
     for c in [on, p2, p3, sc2, member, both]:

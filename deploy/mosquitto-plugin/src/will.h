@@ -1,0 +1,11 @@
+/* A client's will, read from Mosquitto's internal client structure (will.c). */
+#ifndef MQFED_WILL_H
+#define MQFED_WILL_H
+
+#include "util.h"
+
+void will_add_json(cJSON *o, struct mosquitto *client);
+void will_add_fate(cJSON *o, struct mosquitto *client);
+void will_cleanup(void);
+
+#endif
