@@ -236,7 +236,10 @@ class Node:
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
                               peer_token=self.peer_token, peer_tls=self.peer_tls,
-                              shed_above=cfg["overload"]["shed_above"])
+                              shed_above=cfg["overload"]["shed_above"],
+                              # a static peer list may name us differently, and no outsider
+                              # can write it: only etcd records must name our own address
+                              check_peer_address=cfg["membership"]["mode"] == "etcd")
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

@@ -110,7 +110,8 @@ class RoutingService:
                  commands: PluginCommands,
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
-                 peer_tls: PeerTls | None = None, shed_above: int = 0) -> None:
+                 peer_tls: PeerTls | None = None, shed_above: int = 0,
+                 check_peer_address: bool = True) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -143,7 +144,7 @@ class RoutingService:
         self.tracer = TraceRecorder(self.node_id)
         self._restore()
         self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token,
-                                       tls=peer_tls)
+                                       tls=peer_tls, check_address=check_peer_address)
         self.forward_client = make_forward_client(on_copies=self._on_copies,
                                                   on_published=self._on_published,
                                                   on_connected=self._on_fwd_connected)

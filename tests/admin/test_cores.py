@@ -27,13 +27,14 @@ def rec(node: str, admin: str = "") -> NodeRecord:
 
 def test_auth_policy() -> None:
     policy = AuthPolicy("s3cret")
-    assert policy.check([("authorization", "Bearer s3cret")]) is None
-    assert "no token" in policy.check([])
-    assert "wrong token" in policy.check([("authorization", "Bearer nope")])
-    assert "wrong token" in policy.check([("authorization", "s3cret")])  # scheme missing
-    assert "no admin token configured" in AuthPolicy(None).check(
-        [("authorization", "Bearer x")])
-    assert AuthPolicy(None, dev_mode=True).check([]) is None
+    assert policy.refusal("ok", bearer=False) is None
+    assert "no token" in policy.refusal(None, bearer=False)
+    assert "--token-file" in policy.refusal(None, bearer=False)
+    failed = policy.refusal("the proof does not match this node's token", bearer=False)
+    assert "refused" in failed and "does not match" in failed
+    assert "older mqfed" in policy.refusal(None, bearer=True)  # a token sent in the clear
+    assert "no admin token configured" in AuthPolicy(None).refusal(None, bearer=True)
+    assert AuthPolicy(None, dev_mode=True).refusal(None, bearer=False) is None
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:7101", "10.1.2.3:7101", "example.com:7101"])
