@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from sidecar.observability.collector import NodeCollector
 from sidecar.observability.health import HealthFacts
 from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
+from sidecar.tokens import check_not_default
 
 if TYPE_CHECKING:
     from sidecar.node.facts import NodeView
@@ -70,6 +72,7 @@ class AdminService:
         admin = self.node.config["admin"]
         token = admin["token"] or (read_token(admin["token_file"]) if admin["token_file"]
                                    else None)
+        check_not_default(token, "admin token", os.environ)
         return AuthPolicy(token, admin["dev_mode"]), token
 
     async def start(self) -> None:

@@ -87,6 +87,7 @@ async def dial(
             wire.METHOD, request_serializer=None, response_deserializer=wire.decode
         )
         try:
+            proven = True
             async with asyncio.timeout(timeout):
                 claim = None
                 if prover is not None:
@@ -94,12 +95,13 @@ async def dial(
                                                peer_pb2.ChallengeReply)
                 call = method(metadata=() if claim is None else prover.metadata(claim),
                               wait_for_ready=False)
-                if claim is not None:
-                    assert prover is not None
-                    if not prover.answered(claim, await call.initial_metadata()):
-                        await _unproven(call, peer, address)
-                await call.write(wire.hello_frame(handshake.me))
-                item = await call.read()
+                if claim is not None and prover is not None:
+                    proven = prover.answered(claim, await call.initial_metadata())
+                if proven:
+                    await call.write(wire.hello_frame(handshake.me))
+                    item = await call.read()
+            if not proven:
+                await _unproven(call, peer, address)
         except TimeoutError:
             raise DialError(
                 f"no answer to Hello from {address} within {timeout:g}s: the peer is hung,"
