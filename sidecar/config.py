@@ -59,6 +59,15 @@ def _positive(value: int) -> int:
     return value
 
 
+def _at_least(minimum: int) -> Callable[[int], int]:
+    def check(value: int) -> int:
+        if value < minimum:
+            raise ValueError(f"expected at least {minimum}")
+        return value
+
+    return check
+
+
 def _non_negative(value: int) -> int:
     if value < 0:
         raise ValueError("expected 0 or a number above 0")
@@ -106,6 +115,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                         " with tls_key and tls_ca: mutual TLS"),
         "tls_key": Key(str, "", None, "PEM private key of tls_cert"),
         "tls_ca": Key(str, "", None, "PEM CA that signed every node's tls_cert"),
+        "max_message_bytes": Key(int, 64 << 20, _at_least(64 << 10), "largest peer frame"
+                                 " (bytes; the same on every node): a message above it is"
+                                 " not forwarded; keep Mosquitto's message_size_limit below"),
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),

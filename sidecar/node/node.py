@@ -252,7 +252,8 @@ class Node:
                               shed_above=cfg["overload"]["shed_above"],
                               # a static peer list may name us differently, and no outsider
                               # can write it: only etcd records must name our own address
-                              check_peer_address=cfg["membership"]["mode"] == "etcd")
+                              check_peer_address=cfg["membership"]["mode"] == "etcd",
+                              max_message_bytes=cfg["grpc"]["max_message_bytes"])
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the
