@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -167,3 +168,27 @@ def test_unauthenticated_oversized_calls_do_not_grow_the_sidecar(cluster: AdminC
     assert after - before < 100, f"the sidecar grew from {before:.0f} MB to {after:.0f} MB"
     status = cluster.ctl("--json", "status", "--node", "n1")
     assert status.code == 0 and json.loads(status.out)["statuses"][0]["node_id"] == "n1"
+
+
+def test_the_cluster_files_are_private(cluster: AdminCluster) -> None:
+    """Data files hold payloads, logs and status files what clients do, configs secrets: none
+    is readable by other users (0600, logs at most 0640); folders are at most traversable."""
+    root = cluster.run_dir
+    node = root / "nodes" / "n1"
+    expected = [node / name for name in ("retained.sqlite", "sessions.sqlite", "state.json",
+                                         "node.log", "mosquitto.log", "mosquitto.conf", "secret",
+                                         "node.toml")]
+    expected += [node / "spill" / "n2.sqlite", root / "cluster.json", root / "admin-token",
+                 root / "peer-token"]
+    assert all(p.exists() for p in expected), [str(p) for p in expected if not p.exists()]
+    assert list(node.glob("*.sqlite-wal")), "SQLite's write-ahead logs are checked too"
+    loose, checked = [], 0
+    for path in root.rglob("*"):
+        mode = path.lstat().st_mode
+        if stat.S_ISREG(mode):
+            checked += 1
+            if stat.S_IMODE(mode) & 0o037:
+                loose.append(f"{path.relative_to(root)} {stat.S_IMODE(mode):o}")
+        elif stat.S_ISDIR(mode) and stat.S_IMODE(mode) & 0o066:
+            loose.append(f"{path.relative_to(root)}/ {stat.S_IMODE(mode):o}")
+    assert checked > 20 and not loose, loose
