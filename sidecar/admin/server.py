@@ -181,7 +181,7 @@ class AdminServer:
         method = METHODS[name]
         if query.local:
             return merge(method, self.node_id, [local()], {})
-        targets = self.directory.targets(query.nodes, time.time())
+        targets = self.directory.targets(query.nodes, time.monotonic())
         sub = admin_pb2.Query()
         sub.CopyFrom(query)
         sub.local = True

@@ -66,7 +66,7 @@ class AdminService:
 
     def on_membership(self, changes: list[Change]) -> None:
         if self.directory is not None:
-            self.directory.on_events(changes, time.time())
+            self.directory.on_events(changes, time.time(), time.monotonic())
 
     def _policy(self) -> tuple[AuthPolicy, str | None]:
         admin = self.node.config["admin"]

@@ -63,6 +63,17 @@ def test_record_carries_the_admin_address_and_old_records_decode() -> None:
     assert NodeRecord.decode(json.dumps(old)).admin == ""
 
 
+def test_directory_retention_runs_on_the_monotonic_clock() -> None:
+    """The wall clock stepping back an hour neither keeps a crashed node a target longer nor
+    changes what `since` says."""
+    d = Directory(rec("a"), crashed_retention=60)
+    d.on_events([Change("joined", "b", rec("b"))], now=5000, monotonic=100)
+    d.on_events([Change("crashed", "b", rec("b"))], now=5010, monotonic=110)
+    assert d.entries()[1].since == 5010  # wall time, shown to people
+    assert [e.record.node_id for e in d.targets([], 169)] == ["a", "b"]
+    assert [e.record.node_id for e in d.targets([], 171)] == ["a"]
+
+
 def test_directory_states_and_targets() -> None:
     d = Directory(rec("a"), crashed_retention=60)
     d.on_events([Change("joined", "a", rec("a")), Change("joined", "b", rec("b")),
