@@ -21,6 +21,7 @@ All methods must be called on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -434,15 +435,21 @@ class PeerTransport:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"node {self.node_id!r}: too many peer streams are being"
                                 " authenticated at once; retry")
-        caller = None
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.gate.leave()
+
         try:
-            caller = await self._authenticate(context)  # before any frame is read
+            caller = await self._authenticate(context, release)  # before any frame is read
             if caller is not None:
-                self.gate.leave()  # authenticated: its Hello is read outside the gate
+                release()  # authenticated: its Hello is read outside the gate
             accept = await self._read_hello(context)
         finally:
-            if caller is None:
-                self.gate.leave()
+            release()
         if caller is not None and accept.peer.node_id != caller:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 f"the Hello names node {accept.peer.node_id!r}, the proof of"
@@ -490,9 +497,11 @@ class PeerTransport:
         finally:
             self.gate.leave()
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> str | None:
+    async def _authenticate(self, context: grpc.aio.ServicerContext,
+                            release: Callable[[], None]) -> str | None:
         """With a peer token, check the dialler's proof (metadata only: nothing is read) and
-        answer with ours; return the proven node id. A failed proof aborts the RPC."""
+        answer with ours; return the proven node id. A failed proof aborts the RPC (`release`
+        frees its gate slot before it waits for the dialler to hang up)."""
         if self.auth is None:
             await context.send_initial_metadata(())
             return None
@@ -515,8 +524,20 @@ class PeerTransport:
         if checked is None:  # an older or tokenless dialler reads a Refuse, not the status
             refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
             await context.write(peer_pb2.Frame(refuse=refuse).SerializeToString())
+            release()
+            await self._await_hangup(context)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         return None  # not reached: abort raises
+
+    async def _await_hangup(self, context: grpc.aio.ServicerContext) -> None:
+        """Give a dialler that sent its Hello unasked (it is not read) the time to read our
+        Refuse and cancel: aborted under it, its gRPC call now and then never got a status
+        (one task left behind per refused dial in that process)."""
+        gone = asyncio.Event()
+        context.add_done_callback(lambda _context: gone.set())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.hello_timeout):
+                await gone.wait()
 
     async def _read_hello(self, context: grpc.aio.ServicerContext) -> Accept:
         """The dialling side's Hello, checked; aborts the RPC (with a Refuse frame) otherwise."""
