@@ -76,11 +76,19 @@ def replica_count(value: int | str) -> int:
     raise ValueError('expected a number of nodes (1 or more) or "all"')
 
 
+def _at_least(minimum: int) -> Callable[[int], int]:
+    def check(value: int) -> int:
+        if value < minimum:
+            raise ValueError(f"expected at least {minimum}")
+        return value
+
+    return check
+
+
 def _non_negative(value: int) -> int:
     if value < 0:
         raise ValueError("expected 0 or a number above 0")
     return value
-
 
 
 TOMBSTONE_GRACE = 86_400.0
@@ -123,6 +131,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                         " with tls_key and tls_ca: mutual TLS"),
         "tls_key": Key(str, "", None, "PEM private key of tls_cert"),
         "tls_ca": Key(str, "", None, "PEM CA that signed every node's tls_cert"),
+        "max_message_bytes": Key(int, 64 << 20, _at_least(64 << 10), "largest peer frame"
+                                 " (bytes; the same on every node): a message above it is"
+                                 " not forwarded; keep Mosquitto's message_size_limit below"),
     },
     "admin": {
         "listen": Key(str, "127.0.0.1:7101", _address, "admin gRPC listener"),
@@ -142,6 +153,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "etcd": Key(list, ["127.0.0.1:2379"], None, "etcd endpoints HOST:PORT"),
         "peers": Key(list, [], None, "static peers as ID@HOST:PORT (gRPC)"),
         "lease_ttl": Key(int, 5, _positive, "etcd lease TTL in seconds"),
+        "etcd_ca": Key(str, "", None, "PEM CA that signed etcd's server certificate: talk to"
+                       " etcd over TLS (the endpoints must be names the certificate holds)"),
+        "etcd_cert": Key(str, "", None, "PEM client certificate for etcd (--client-cert-auth);"
+                         " with etcd_key and etcd_ca"),
+        "etcd_key": Key(str, "", None, "PEM private key of etcd_cert"),
+        "etcd_user": Key(str, "", None, "etcd user (etcd authentication enabled); with"
+                         " etcd_password or etcd_password_file"),
+        "etcd_password": Key(str, "", None, "password of etcd_user"),
+        "etcd_password_file": Key(str, "", None, "file holding the password of etcd_user"),
     },
     "retained": {
         "tombstone_grace": Key(float, TOMBSTONE_GRACE, _positive, "seconds deleted and expired"
@@ -298,9 +318,12 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
     if values["admin"]["tls"] and not all(tls):
         raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
                           "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
+    _check_etcd_access(values["membership"], where_file)
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
-                          ("grpc", "tls_ca")):
+                          ("grpc", "tls_ca"), ("membership", "etcd_ca"),
+                          ("membership", "etcd_cert"), ("membership", "etcd_key"),
+                          ("membership", "etcd_password_file")):
         path = values[section][name]
         if path and not Path(path).is_absolute():
             values[section][name] = str((base / path).resolve())
@@ -332,6 +355,29 @@ def _check_admin(admin: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: admin.dev_mode accepts admin calls without a token and is "
                           f"allowed only on a loopback admin.listen (127.0.0.1, ::1, "
                           f"localhost), got {admin['listen']!r}")
+
+
+def _check_etcd_access(membership: Mapping[str, Any], where: str) -> None:
+    """Which etcd TLS and credential keys go together."""
+    m = membership
+    if bool(m["etcd_cert"]) != bool(m["etcd_key"]):
+        raise ConfigError(f"{where}: membership.etcd_cert and membership.etcd_key go together:"
+                          " set both (a client certificate for etcd) or neither")
+    if m["etcd_cert"] and not m["etcd_ca"]:
+        raise ConfigError(f"{where}: membership.etcd_cert needs membership.etcd_ca (the CA of"
+                          " etcd's server certificate): a client certificate is sent over TLS")
+    if m["etcd_password"] and m["etcd_password_file"]:
+        raise ConfigError(f"{where}: membership.etcd_password and membership.etcd_password_file"
+                          " are both set; set one")
+    has_password = bool(m["etcd_password"] or m["etcd_password_file"])
+    if bool(m["etcd_user"]) != has_password:
+        raise ConfigError(f"{where}: membership.etcd_user and a password (membership."
+                          "etcd_password or etcd_password_file) go together: set both or neither")
+    if m["etcd_user"] and not m["etcd_ca"] and not all(
+            is_loopback(ep.split("://", 1)[-1]) for ep in m["etcd"]):
+        raise ConfigError(f"{where}: membership.etcd_user without membership.etcd_ca would send"
+                          " the etcd password in plaintext to a non-loopback etcd; set"
+                          " membership.etcd_ca (etcd with TLS)")
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "*", "")

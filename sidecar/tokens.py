@@ -1,21 +1,23 @@
-"""Shared bearer tokens on gRPC calls (admin calls, peer streams): reading a token file,
-sending one, checking one. Sans-IO apart from `read_token`."""
+"""Cluster tokens (the peer token, the admin token): reading a token file, and refusing the
+example tokens the compose file ships. The tokens themselves never go on the wire: calls carry
+proofs of them (`sidecar.challenge`)."""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["AuthError", "bearer_metadata", "presented_token", "read_token", "same_token"]
+__all__ = ["ALLOW_DEFAULT_TOKENS", "DEFAULT_TOKENS", "AuthError", "check_not_default",
+           "read_token"]
+
+DEFAULT_TOKENS = frozenset({"change-me", "change-me-too"})
+"""The example tokens of compose/docker-compose.yml: public, so they protect nothing."""
+ALLOW_DEFAULT_TOKENS = "MQFED_ALLOW_DEFAULT_TOKENS"
+"""Set to 1 to start with an example token anyway (throw-away test clusters)."""
 
 
 class AuthError(ValueError):
-    """The token cannot be read; the message says which file and why."""
-
-
-HEADER = "authorization"
-SCHEME = "Bearer "
+    """The token cannot be used; the message says which one and why."""
 
 
 def read_token(path: str | Path, what: str = "admin token") -> str:
@@ -29,21 +31,11 @@ def read_token(path: str | Path, what: str = "admin token") -> str:
     return token
 
 
-def presented_token(metadata: Iterable[tuple[str, str | bytes]]) -> str | None:
-    """The bearer token in call metadata ("" if malformed, None if absent)."""
-    presented = None
-    for key, value in metadata:
-        if key.lower() == HEADER:
-            text = value.decode() if isinstance(value, bytes) else value
-            presented = text[len(SCHEME):] if text.startswith(SCHEME) else ""
-    return presented
-
-
-def same_token(presented: str, expected: str) -> bool:
-    """Constant-time comparison."""
-    return hmac.compare_digest(presented.encode(), expected.encode())
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """gRPC call metadata carrying `token` (none without one)."""
-    return ((HEADER, SCHEME + token),) if token else ()
+def check_not_default(token: str | None, what: str, env: Mapping[str, str]) -> None:
+    """AuthError if `token` is one of the published example tokens, unless the environment
+    allows them explicitly (`MQFED_ALLOW_DEFAULT_TOKENS=1`)."""
+    if token in DEFAULT_TOKENS and env.get(ALLOW_DEFAULT_TOKENS, "") not in ("1", "true", "yes"):
+        raise AuthError(
+            f"the {what} is {token!r}, an example token published with mqfed: anyone could use"
+            f" it. Set a random one (e.g. `openssl rand -hex 32`), or set"
+            f" {ALLOW_DEFAULT_TOKENS}=1 to start anyway (throw-away test clusters only)")

@@ -33,6 +33,20 @@ def test_defaults_and_required_id():
     ({"node": {"id": "n1"}, "grpc": {"tls_cert": "c.pem", "tls_key": "k.pem"}},
      "grpc.tls_cert, grpc.tls_key and grpc.tls_ca go together"),
     ({"node": {"id": "n1"}, "admin": {"tls": True}}, "admin.tls uses the node's certificate"),
+    ({"node": {"id": "n1"}, "membership": {"etcd_cert": "c.pem"}},
+     "membership.etcd_cert and membership.etcd_key go together"),
+    ({"node": {"id": "n1"}, "membership": {"etcd_cert": "c.pem", "etcd_key": "k.pem"}},
+     "membership.etcd_cert needs membership.etcd_ca"),
+    ({"node": {"id": "n1"}, "membership": {"etcd_user": "u"}},
+     "membership.etcd_user and a password"),
+    ({"node": {"id": "n1"}, "membership": {"etcd_password": "p"}},
+     "membership.etcd_user and a password"),
+    ({"node": {"id": "n1"}, "membership": {"etcd_user": "u", "etcd_password": "p",
+                                           "etcd_password_file": "f"}},
+     "etcd_password and membership.etcd_password_file are both set"),
+    ({"node": {"id": "n1"}, "membership": {"etcd": ["10.0.0.5:2379"], "etcd_user": "u",
+                                           "etcd_password": "p"}},
+     "would send the etcd password in plaintext"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):
@@ -84,3 +98,28 @@ def test_a_wildcard_listen_needs_an_advertised_address():
                        env={"MQFED_GRPC_ADVERTISE": "n1.example:7001"})
     assert cfg.advertised("grpc") == "n1.example:7001"
     assert cfg.advertised("admin") == cfg["admin"]["listen"] == "127.0.0.1:7101"
+
+
+def test_etcd_access_settings(tmp_path: Path):
+    """TLS files and the password file are resolved next to the config file; a loopback etcd
+    may take a password without TLS; a missing file is named when it is loaded."""
+    from sidecar.membership.etcd_access import EtcdAccessError, load_etcd_access
+
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nid = "n1"\n[membership]\netcd_user = "mqfed"\n'
+                    'etcd_password_file = "etcd-pw"\netcd_ca = "ca.pem"\n')
+    cfg = load_config(path, env={})
+    assert cfg["membership"]["etcd_password_file"] == str(tmp_path / "etcd-pw")
+    assert cfg["membership"]["etcd_ca"] == str(tmp_path / "ca.pem")
+    with pytest.raises(EtcdAccessError, match=f"cannot read membership.etcd_ca {tmp_path}"):
+        load_etcd_access(cfg["membership"])
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    with pytest.raises(EtcdAccessError, match="etcd password file"):
+        load_etcd_access(cfg["membership"])
+    (tmp_path / "etcd-pw").write_text("pw\n")
+    access = load_etcd_access(cfg["membership"])
+    assert (access.user, access.password, access.tls) == ("mqfed", "pw", True)
+    assert access.describe() == "TLS, user 'mqfed'" and "pw" not in access.describe()
+    local = build_config({"node": {"id": "n1"}, "membership": {
+        "etcd_user": "u", "etcd_password": "p"}}, env={})
+    assert load_etcd_access(local["membership"]).describe() == "plaintext, user 'u'"

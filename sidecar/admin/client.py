@@ -1,4 +1,10 @@
-"""Calling one node's admin endpoint (adapter): used by `mqfed ctl` and by nodes fanning out."""
+"""Calling one node's admin endpoint (adapter): used by `mqfed ctl` and by nodes fanning out.
+
+With a token the client never sends it: each call carries a proof of it (`sidecar.grpc_auth`)
+and the answer counts only if the node proved the token back. A node asking another one names
+the node id and address it means to reach (`callee`), so a proof sent to a forged address
+(a record written to etcd) is worthless anywhere else; `mqfed ctl` names neither.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from sidecar.admin.auth import bearer_metadata
-from sidecar.admin.wire import METHODS, path
+from sidecar._proto import admin_pb2
+from sidecar.admin.wire import CHALLENGE, METHODS, path
+from sidecar.grpc_auth import AuthFailure, Prover
 
 __all__ = ["AdminCallError", "AdminClient"]
 
@@ -30,10 +37,13 @@ class AdminClient:
     """One channel to one admin address; `await call("Status", query)`."""
 
     def __init__(self, address: str, token: str | None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
-        """`credentials`: call over TLS (the node has `admin.tls`)."""
+                 credentials: grpc.ChannelCredentials | None = None, *,
+                 caller: str = "", callee: str = "") -> None:
+        """`credentials`: call over TLS (the node has `admin.tls`); `caller`/`callee`: node
+        ids of a node-to-node call (the proof then binds `callee` and `address`)."""
         self.address = address
-        self._metadata = bearer_metadata(token)
+        self.callee = callee
+        self._prover = Prover(token, "admin", caller) if token else None
         self._channel = (grpc.aio.insecure_channel(address) if credentials is None
                          else grpc.aio.secure_channel(address, credentials))
 
@@ -43,8 +53,23 @@ class AdminClient:
                                         request_serializer=method.request.SerializeToString,
                                         response_deserializer=method.reply.FromString)
         try:
-            return await rpc(request, timeout=timeout, metadata=self._metadata,
-                             wait_for_ready=False)
+            claim, metadata = None, ()
+            if self._prover is not None:
+                claim = await self._prover.claim(
+                    self._channel, CHALLENGE, self.callee, self.address if self.callee else "",
+                    timeout, admin_pb2.ChallengeReply)
+                metadata = self._prover.metadata(claim)
+            call = rpc(request, timeout=timeout, metadata=metadata, wait_for_ready=False)
+            reply = await call
+            if claim is not None and not self._prover.answered(  # type: ignore[union-attr]
+                    claim, await call.initial_metadata()):
+                raise AdminCallError(
+                    f"{self.address} did not prove that it holds the admin token, so its answer"
+                    " is ignored: it is not a node of this cluster (a forged or stale"
+                    " membership record?) or its admin token differs", "UNAUTHENTICATED", False)
+            return reply
+        except AuthFailure as exc:
+            raise AdminCallError(str(exc), exc.code, False) from None
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in _UNREACHABLE:

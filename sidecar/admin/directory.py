@@ -24,11 +24,14 @@ class UnknownNode(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One node: its last record, its state and when that state began (unix seconds)."""
+    """One node: its last record, its state and when that state began (`since`: unix seconds,
+    for display; `changed_at`: on a monotonic clock, for the crashed retention, so that a step
+    of the wall clock neither prolongs nor cuts it)."""
 
     record: NodeRecord
     state: str  # up | crashed | left
     since: float
+    changed_at: float = 0.0
 
 
 class Directory:
@@ -52,7 +55,10 @@ class Directory:
         if entry is not None and admin and not entry.record.admin:
             self._entries[node] = replace(entry, record=replace(entry.record, admin=admin))
 
-    def on_events(self, changes: Iterable[Change], now: float) -> None:
+    def on_events(self, changes: Iterable[Change], now: float,
+                  monotonic: float | None = None) -> None:
+        """Membership events seen at wall time `now` and `monotonic` (default: `now`)."""
+        mono = now if monotonic is None else monotonic
         for change in changes:
             if change.node_id == self.me.node_id or change.record is None:
                 continue
@@ -62,7 +68,7 @@ class Directory:
                 self._entries[change.node_id] = Entry(change.record, "up", since)
             elif change.kind in ("crashed", "left"):
                 record = replace(change.record, leaving=False)
-                self._entries[change.node_id] = Entry(record, change.kind, now)
+                self._entries[change.node_id] = Entry(record, change.kind, now, mono)
 
     def entries(self) -> list[Entry]:
         """Every node ever seen (this one first, then by id)."""
@@ -71,7 +77,8 @@ class Directory:
 
     def targets(self, nodes: Iterable[str], now: float) -> list[Entry]:
         """The nodes a cluster-wide call asks: the given ids (UnknownNode if one is not known),
-        or every node that is up or crashed recently."""
+        or every node that is up or crashed recently (`now` on the clock `on_events` got as
+        `monotonic`)."""
         wanted = list(nodes)
         if wanted:
             unknown = [n for n in wanted if n not in self._entries]
@@ -80,4 +87,5 @@ class Directory:
                 raise UnknownNode(f"no node {', '.join(unknown)} in this cluster (known: {known})")
             return [self._entries[n] for n in dict.fromkeys(wanted)]
         return [e for e in self.entries() if e.state == "up" or (
-            e.state == "crashed" and within_retention(e.since, now, self.crashed_retention))]
+            e.state == "crashed" and within_retention(e.changed_at, now,
+                                                      self.crashed_retention))]

@@ -28,6 +28,7 @@ from sidecar.admin.directory import Directory, UnknownNode
 from sidecar.admin.fanout import merge
 from sidecar.admin.trace import TRACE_PROPERTY, TraceRecorder, new_trace_id
 from sidecar.admin.wire import METHODS, SERVICE_NAME, Method
+from sidecar.grpc_auth import Authenticator, Checked, Gate, refusal_of
 from sidecar.peering.tls import PeerTls
 from sidecar.topics import TopicError, validate_topic
 
@@ -39,6 +40,7 @@ __all__ = ["AdminServer", "AdminServerError"]
 log = logging.getLogger("mqfed.admin")
 
 FANOUT_TIMEOUT = 3.0
+MAX_REQUEST = 1 << 20  # bytes of one admin request (a Query, a Trace with its test payload)
 TRACE_WAIT_MS = 1000
 
 
@@ -67,17 +69,29 @@ class AdminServer:
         self.fanout_timeout = fanout_timeout
         self.tls = tls  # serve (and call other nodes) over TLS when set
         self._server: grpc.aio.Server | None = None
-        self._peer_clients: dict[str, AdminClient] = {}
+        self._peer_clients: dict[tuple[str, str], AdminClient] = {}
+        # other nodes name our id and advertised admin address in their proofs; `mqfed ctl`
+        # names neither (it knows only the address it was given)
+        config = node.config
+        addresses = frozenset({listen, config.advertised("admin")})
+        self.auth = (Authenticator(token, "admin", config.node_id, addresses,
+                                   accept_unbound=True) if token else None)
+        self.gate = Gate()  # calls not authenticated yet
 
     @property
     def node_id(self) -> str:
         return self.answers.node_id
 
     async def start(self) -> None:
-        server = grpc.aio.server()
-        handlers = {name: grpc.unary_unary_rpc_method_handler(
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST)])
+        # request-streaming handlers: a unary request is read in full before any code of ours
+        # runs; these read it only once the caller proved the token (a unary caller cannot
+        # tell the difference)
+        handlers = {name: grpc.stream_unary_rpc_method_handler(
             self._handler(method), request_deserializer=method.request.FromString,
             response_serializer=method.reply.SerializeToString) for name, method in METHODS.items()}
+        handlers["Challenge"] = grpc.stream_unary_rpc_method_handler(
+            self._challenge, request_deserializer=None, response_serializer=None)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         try:
@@ -107,11 +121,11 @@ class AdminServer:
     def _handler(self, method: Method) -> Callable[..., Any]:
         impl = getattr(self, "_" + method.name.lower())
 
-        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            refusal = self.policy.check(context.invocation_metadata() or ())
-            if refusal is not None:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                    f"node {self.node_id}: {refusal}")
+        async def handle(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._authenticate(context)
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
             try:
                 return await impl(request)
             except _Refused as exc:
@@ -127,6 +141,37 @@ class AdminServer:
 
         return handle
 
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        """Check the caller's proof (metadata only: its request is not read yet) and send
+        ours back; abort the call if it is refused."""
+        if not self.gate.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"node {self.node_id}: too many unauthenticated calls; retry")
+        try:
+            metadata = context.invocation_metadata() or ()
+            checked = None if self.auth is None else self.auth.check(metadata)
+            proof = "ok" if isinstance(checked, Checked) else checked
+            refusal = self.policy.refusal(proof, refusal_of(metadata))
+            if refusal is not None:
+                log.warning("admin call refused", extra={"reason": refusal,
+                                                         "remote": context.peer()})
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                    f"node {self.node_id}: {refusal}")
+            await context.send_initial_metadata(
+                checked.answer if isinstance(checked, Checked) else ())
+        finally:
+            self.gate.leave()
+
+    async def _challenge(self, _requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+        """A server nonce for the caller's proof (its request is not read)."""
+        if self.auth is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"node {self.node_id} has no admin token, so it cannot prove"
+                                " one (admin.dev_mode without admin.token): call it without a"
+                                " token")
+        assert self.auth is not None
+        return admin_pb2.ChallengeReply(nonce=self.auth.challenge()).SerializeToString()
+
     def _require_routing(self) -> None:
         if self.node.routing is None:
             raise _Refused(grpc.StatusCode.UNAVAILABLE,
@@ -136,7 +181,7 @@ class AdminServer:
         method = METHODS[name]
         if query.local:
             return merge(method, self.node_id, [local()], {})
-        targets = self.directory.targets(query.nodes, time.time())
+        targets = self.directory.targets(query.nodes, time.monotonic())
         sub = admin_pb2.Query()
         sub.CopyFrom(query)
         sub.local = True
@@ -148,11 +193,12 @@ class AdminServer:
             if not address:
                 raise AdminCallError("its admin address is unknown (static membership, or a "
                                      "node older than the admin API)", "UNKNOWN", True)
-            client = self._peer_clients.get(address)
-            if client is None:
-                client = self._peer_clients[address] = AdminClient(
+            client = self._peer_clients.get((node, address))
+            if client is None:  # it proves it is `node` at `address` before its answer counts
+                client = self._peer_clients[(node, address)] = AdminClient(
                     address, self.token,
-                    None if self.tls is None else self.tls.channel_credentials())
+                    None if self.tls is None else self.tls.channel_credentials(),
+                    caller=self.node_id, callee=node)
             return await client.call(name, sub, self.fanout_timeout)
 
         ids = [(e.record.node_id, e.record.admin) for e in targets]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from sidecar.observability.collector import NodeCollector
 from sidecar.observability.health import HealthFacts
 from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
+from sidecar.tokens import check_not_default
 
 if TYPE_CHECKING:
     from sidecar.node.facts import NodeView
@@ -64,12 +66,13 @@ class AdminService:
 
     def on_membership(self, changes: list[Change]) -> None:
         if self.directory is not None:
-            self.directory.on_events(changes, time.time())
+            self.directory.on_events(changes, time.time(), time.monotonic())
 
     def _policy(self) -> tuple[AuthPolicy, str | None]:
         admin = self.node.config["admin"]
         token = admin["token"] or (read_token(admin["token_file"]) if admin["token_file"]
                                    else None)
+        check_not_default(token, "admin token", os.environ)
         return AuthPolicy(token, admin["dev_mode"]), token
 
     async def start(self) -> None:

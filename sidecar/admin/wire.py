@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sidecar._proto import admin_pb2
 
-__all__ = ["METHODS", "SERVICE_NAME", "Method", "path"]
+__all__ = ["CHALLENGE", "METHODS", "SERVICE_NAME", "Method", "path"]
 
 _SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
 SERVICE_NAME = _SERVICE.full_name  # "mqfed.admin.v1.Admin"
@@ -31,7 +31,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("Trace", admin_pb2.TraceRequest, admin_pb2.TraceReply, "hops"),
     Method("TraceHops", admin_pb2.Query, admin_pb2.TraceHopsReply, "hops"),
 )}
-assert set(METHODS) == set(_SERVICE.methods_by_name), "admin.proto and METHODS disagree"
+assert set(METHODS) | {"Challenge"} == set(_SERVICE.methods_by_name), \
+    "admin.proto and METHODS disagree"
+CHALLENGE = f"/{SERVICE_NAME}/Challenge"
+"""Unauthenticated: a server nonce for the proof of the next call (`sidecar.grpc_auth`)."""
 
 
 def path(name: str) -> str:

@@ -18,6 +18,7 @@ from sidecar.devcluster.layout import (
     addr,
 )
 from sidecar.devcluster.state import ClusterError, ClusterState
+from sidecar.private_files import make_private
 
 LAYOUT_HELP = (
     "Ports for base port P: front (HAProxy) P; node i MQTT P+i, gRPC P+100+i, admin P+200+i, "
@@ -144,6 +145,7 @@ def _print_json(data: Any) -> None:
 
 # ---- commands -------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
+    make_private()  # the cluster's files (logs, configs, state) 0600
     if not NODE_ID_RE.match(args.cluster):
         return _fail("up", ClusterError("--cluster: expected 1-63 letters, digits, '_', '.', "
                                         f"'-', got {args.cluster!r}"))
@@ -194,6 +196,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_add_node(args: argparse.Namespace) -> int:
+    make_private()  # the cluster's files (logs, configs, state) 0600
     run_dir = args.run_dir.resolve()
     try:
         with launcher.deferred_signals():
@@ -225,6 +228,7 @@ def cmd_stop_node(args: argparse.Namespace) -> int:
 
 
 def cmd_start_node(args: argparse.Namespace) -> int:
+    make_private()  # the cluster's files (logs, configs, state) 0600
     run_dir = args.run_dir.resolve()
     try:
         ident = launcher.node_ident(args.node)

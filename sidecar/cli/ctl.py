@@ -48,9 +48,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    default=os.environ.get("MQFED_CTL_NODE", DEFAULT_NODE),
                    help="HOST:PORT of a node's admin listener (default: $MQFED_CTL_NODE or "
                    f"{DEFAULT_NODE})")
-    p.add_argument("--token", help="admin token (default: $MQFED_ADMIN_TOKEN)")
     p.add_argument("--token-file", help="file holding the admin token (default: "
-                   "$MQFED_ADMIN_TOKEN_FILE)")
+                   "$MQFED_ADMIN_TOKEN_FILE, else $MQFED_ADMIN_TOKEN)")
+    p.add_argument("--token", help="the admin token itself (discouraged: other local users "
+                   "can read a command line; prefer --token-file or the environment)")
     p.add_argument("--tls-ca", default=os.environ.get("MQFED_ADMIN_TLS_CA", ""),
                    help="call over TLS, verifying the node against this CA (PEM; for nodes "
                    "with admin.tls; default: $MQFED_ADMIN_TLS_CA)")
@@ -88,9 +89,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
+    """--token-file, else --token (with a warning), else the environment."""
+    if args.token_file:
+        return read_token(args.token_file)
     if args.token:
+        print("mqfed ctl: warning: --token puts the admin token on the command line, where "
+              "other users of this host can read it (ps, /proc); use --token-file FILE or "
+              "MQFED_ADMIN_TOKEN_FILE", file=sys.stderr, flush=True)
         return args.token
-    path = args.token_file or os.environ.get("MQFED_ADMIN_TOKEN_FILE")
+    path = os.environ.get("MQFED_ADMIN_TOKEN_FILE")
     if path:
         return read_token(path)
     return os.environ.get("MQFED_ADMIN_TOKEN") or None

@@ -14,6 +14,7 @@ from sidecar.local.link import LinkError
 from sidecar.logs import setup_logging
 from sidecar.membership.etcd import MembershipError
 from sidecar.observability.http import MetricsServerError
+from sidecar.private_files import make_private
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from sidecar.node.layout import NodeError, NodeLayout, render_mosquitto_conf
     from sidecar.node.node import run_node
 
+    make_private()  # every file of the node (and its Mosquitto) 0600, folders 0700
     try:
         config = load_config(args.config)
         setup_logging(config["log"]["level"], config["log"]["format"], config.node_id)

@@ -18,6 +18,7 @@ from sidecar.config import render_toml
 from sidecar.devcluster.layout import HOST, Layout
 from sidecar.devcluster.procs import ProcRef, find, identify, kill, spawn, stop
 from sidecar.devcluster.state import ClusterState, NodeRecord
+from sidecar.private_files import make_traversable
 from sidecar.procinfo import cmdline
 
 
@@ -80,7 +81,7 @@ def start(state: ClusterState, node: NodeRecord) -> ProcRef:
     ensure_token(state.layout, state.layout.peer_token_path)
     settings = values(state, node)
     node_dir = state.layout.node_dir(node.id)
-    node_dir.mkdir(parents=True, exist_ok=True)
+    make_traversable(node_dir)  # its Mosquitto's user reaches its socket below it
     path = config_path(state.layout, node.id)
     path.write_text(render_toml(settings))
     argv = [sys.executable, "-m", "sidecar.cli", "node", "--config", str(path)]

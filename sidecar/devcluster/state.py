@@ -15,6 +15,7 @@ from typing import Any
 from sidecar.devcluster.errors import ClusterError
 from sidecar.devcluster.layout import Layout, NodePorts, addr
 from sidecar.devcluster.procs import ProcRef
+from sidecar.private_files import make_traversable
 
 __all__ = ["ClusterError", "ClusterState", "NodeRecord", "load", "locked", "remove", "save"]
 VERSION = 1
@@ -142,7 +143,7 @@ def remove(state: ClusterState) -> None:
 def locked(run_dir: Path, timeout: float = 120.0) -> Iterator[None]:
     """Hold the run dir's lock: one cluster command at a time."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_traversable(run_dir)  # the nodes' Mosquittos reach their sockets below it
         f = open(run_dir / "lock", "a")
     except OSError as exc:
         raise ClusterError(f"cannot use run dir {run_dir}: {exc.strerror}; choose a folder "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import aetcd
 
+from sidecar.membership.etcd_access import EtcdAccess, EtcdClient
 from sidecar.membership.view import BadRecord, Change, MembershipView, NodeRecord
 
 __all__ = ["DuplicateNodeId", "EtcdMembership", "EtcdUnavailable", "MembershipError",
@@ -73,6 +74,16 @@ def grpc_target(endpoints: Sequence[str]) -> tuple[str, int]:
     return "ipv4:" + ",".join(f"{h}:{p}" for h, p in head) + "," + last_host, last_port
 
 
+_REFUSALS = ("authentication failed", "permission denied", "user name is empty",
+             "invalid auth token", "user name not found")
+
+
+def _refused(exc: Exception) -> bool:
+    """etcd refused our credentials or permissions (retrying will not help)."""
+    return isinstance(exc, aetcd.exceptions.UnauthenticatedError) or any(
+        r in str(exc).lower() for r in _REFUSALS)
+
+
 class _Backoff:
     def __init__(self, first: float = 0.2, cap: float = 2.0) -> None:
         self.first, self.cap, self.delay = first, cap, first
@@ -97,10 +108,12 @@ class EtcdMembership:
                  on_change: Callable[[dict[str, str]], None] | None = None,
                  on_events: Callable[[list[Change]], None] | None = None,
                  op_timeout: float = 2.0, start_timeout: float = 10.0,
-                 stream_down_after: float = 5.0, supersedes: int | None = None) -> None:
+                 stream_down_after: float = 5.0, supersedes: int | None = None,
+                 access: EtcdAccess | None = None) -> None:
         if lease_ttl < 1:
             raise MembershipError("lease_ttl must be at least 1 second")
         self.endpoints = list(endpoints)
+        self.access = access or EtcdAccess()  # TLS and credentials (none by default)
         self.cluster = cluster
         self.record = record
         # the incarnation this node ran with before (from its own run dir): its unexpired key
@@ -140,10 +153,10 @@ class EtcdMembership:
     async def start(self) -> None:
         """Register (refusing a live duplicate id), load the view, start keep-alive and watch.
 
-        Raises `DuplicateNodeId`, or `EtcdUnavailable` if no endpoint answers within
-        `start_timeout`."""
-        self._client = aetcd.Client(self._host, self._port, timeout=self.op_timeout,
-                                    options=_CHANNEL_OPTIONS)
+        Raises `DuplicateNodeId`, `EtcdUnavailable` if no endpoint answers within
+        `start_timeout`, `MembershipError` if etcd refuses the credentials."""
+        self._client = EtcdClient(self._host, self._port, self.access,
+                                  timeout=self.op_timeout, options=_CHANNEL_OPTIONS)
         deadline = time.monotonic() + self.start_timeout
         backoff = _Backoff()
         while True:
@@ -154,17 +167,25 @@ class EtcdMembership:
             except DuplicateNodeId:
                 await self._close_client()
                 raise
-            except Exception as exc:  # any etcd/gRPC failure: retry
-                if time.monotonic() >= deadline:
-                    await self._close_client()
-                    raise EtcdUnavailable(
-                        f"etcd at {', '.join(self.endpoints)} did not answer within "
-                        f"{self.start_timeout:.0f}s ({exc}); start etcd or fix the endpoints"
-                    ) from exc
-                await asyncio.sleep(backoff.next())
+            except Exception as exc:
+                if not _refused(exc):  # any other etcd/gRPC failure: retry
+                    if time.monotonic() >= deadline:
+                        await self._close_client()
+                        raise EtcdUnavailable(
+                            f"etcd at {', '.join(self.endpoints)} did not answer within "
+                            f"{self.start_timeout:.0f}s ({exc}); start etcd or fix the "
+                            "endpoints") from exc
+                    await asyncio.sleep(backoff.next())
+                    continue
+                await self._close_client()  # wrong credentials or no permission: final
+                raise MembershipError(
+                    f"etcd at {', '.join(self.endpoints)} refused this node"
+                    f" ({self.access.describe()}): {exc}; check membership.etcd_user and its"
+                    f" password, and that the user may read and write {self.prefix!r}") from None
         self._set_reachable(True)
         log.info("membership started", extra={
             "cluster": self.cluster, "node_id": self.record.node_id,
+            "etcd": self.access.describe(),
             "incarnation": self.record.incarnation, "peers": len(self.view.peers())})
         self._tasks = [asyncio.create_task(self._keepalive_loop(), name="etcd-keepalive"),
                        asyncio.create_task(self._watch_loop(revision), name="etcd-watch")]
@@ -271,6 +292,7 @@ class EtcdMembership:
                 delay = interval
             except Exception as exc:  # etcd/gRPC failure: keep the view, retry
                 self._set_reachable(False, exc)
+                await self._renew_session(exc)
                 delay = backoff.next()
 
     # -- watch -----------------------------------------------------------------------------
@@ -305,6 +327,7 @@ class EtcdMembership:
                 raise ConnectionError("etcd watch stream ended")
             except Exception as exc:  # keep the view, resync when etcd is back
                 self._set_reachable(False, exc)
+                await self._renew_session(exc)
                 need_resync = True
                 await asyncio.sleep(backoff.next())
 
@@ -330,6 +353,14 @@ class EtcdMembership:
                         extra={"endpoints": ",".join(self.endpoints), "error": str(exc)})
         elif previous is not None:
             log.info("etcd reachable again", extra={"endpoints": ",".join(self.endpoints)})
+
+    async def _renew_session(self, exc: Exception) -> None:
+        """etcd forgot our authentication token (it restarted, or the token expired): drop
+        the connection, so that the next call connects and authenticates again."""
+        if self.access.user and isinstance(exc, aetcd.exceptions.UnauthenticatedError):
+            client = self._require_client()
+            with contextlib.suppress(Exception):
+                await client.close()
 
     def _require_client(self) -> aetcd.Client:
         if self._client is None:

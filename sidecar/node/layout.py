@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sidecar.broker import conf as broker_conf
 from sidecar.config import NodeConfig
+from sidecar.private_files import make_traversable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_CANDIDATES = (
@@ -78,16 +79,16 @@ class NodeLayout:
     def prepare_socket_dir(self) -> None:
         """Create the socket's folder, writable by the user Mosquitto drops to."""
         if self.socket_dir.parent == SOCKET_FALLBACK_ROOT:
-            SOCKET_FALLBACK_ROOT.mkdir(mode=0o711, exist_ok=True)
+            make_traversable(SOCKET_FALLBACK_ROOT)
         self.socket_dir.mkdir(exist_ok=True)
         user = _mosquitto_user()
         if user is not None:  # Mosquitto drops to this user before binding the socket
             os.chown(self.socket_dir, user.pw_uid, user.pw_gid)
-            self.socket_dir.chmod(0o750)
+            self.socket_dir.chmod(0o700)  # the sidecar, root here, needs no permission
 
     def prepare(self) -> str:
         """Create the run dir; return the node's secret, created on first start."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_traversable(self.run_dir)  # Mosquitto's user may need to reach its socket
         if not self.secret_path.exists():
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:

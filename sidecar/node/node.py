@@ -13,6 +13,7 @@ import contextlib
 import gc
 import importlib.metadata
 import logging
+import os
 import signal
 import time
 from typing import Any
@@ -28,6 +29,7 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LocalLink
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.membership.etcd import EtcdMembership
+from sidecar.membership.etcd_access import EtcdAccessError, load_etcd_access
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
 from sidecar.node.status import node_status, write_status
@@ -39,7 +41,7 @@ from sidecar.retained.service import link_reader
 from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.sessions.service import SessionService
-from sidecar.tokens import AuthError, read_token
+from sidecar.tokens import AuthError, check_not_default, read_token
 from sidecar.wills.service import WillService
 from sidecar.wills.sessions_view import RegistryView
 
@@ -205,11 +207,21 @@ class Node:
         """Register in etcd (refused if another live node has our id) and watch the others."""
         cfg = self.config
         record = self.admin.record(incarnation)
+        try:
+            access = load_etcd_access(cfg["membership"])
+        except EtcdAccessError as exc:
+            raise NodeError(str(exc)) from None
+        if not access.tls and not all(is_loopback(e.split("://", 1)[-1])
+                                      for e in cfg["membership"]["etcd"]):
+            log.warning("etcd is reached in plaintext: whoever can reach it, or the network"
+                        " between, can read and change the cluster's membership; set"
+                        " membership.etcd_ca (and etcd_cert/etcd_key or etcd_user); see"
+                        " docs/security.md", extra={"etcd": ",".join(cfg["membership"]["etcd"])})
         self.membership = EtcdMembership(cfg["membership"]["etcd"], cfg.cluster, record,
                                          cfg["membership"]["lease_ttl"],
                                          on_change=self._on_peers,
                                          on_events=self._on_membership_events,
-                                         supersedes=previous)
+                                         supersedes=previous, access=access)
         await self.membership.start()
 
     def _peer_token(self) -> str:
@@ -218,6 +230,7 @@ class Node:
         grpc_cfg = self.config["grpc"]
         token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
                                       if grpc_cfg["token_file"] else "")
+        check_not_default(token, "peer token", os.environ)
         if not token and self.peer_tls is None and not is_loopback(grpc_cfg["listen"]):
             log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "
                         "or grpc.token_file (the same secret on every node), or grpc.tls_*",
@@ -248,7 +261,11 @@ class Node:
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
                               peer_token=self.peer_token, peer_tls=self.peer_tls,
-                              shed_above=cfg["overload"]["shed_above"])
+                              shed_above=cfg["overload"]["shed_above"],
+                              # a static peer list may name us differently, and no outsider
+                              # can write it: only etcd records must name our own address
+                              check_peer_address=cfg["membership"]["mode"] == "etcd",
+                              max_message_bytes=cfg["grpc"]["max_message_bytes"])
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

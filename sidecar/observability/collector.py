@@ -202,6 +202,7 @@ class NodeCollector(Collector):
         fwd = r.forward_client.stats()
         for reason, n in (("qos0_stream_down", c["qos0_dropped"]),
                           ("unroutable", c["unroutable"]),
+                          ("too_large", c["too_large"]),
                           ("shared_no_member", c["shared_rejected"]),
                           ("mosquitto_overflow", fwd["lost"]),
                           *((f"queue_{k}", v) for k, v in sorted(queue_drops.items()))):

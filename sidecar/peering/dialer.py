@@ -7,6 +7,7 @@ its backoff belong to the caller (`PeerTransport`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -16,10 +17,13 @@ import grpc.aio
 from tenacity import RetryCallState, wait_exponential_jitter
 
 from sidecar._proto import peer_pb2
+from sidecar.grpc_auth import AuthFailure, Prover
 from sidecar.peering import wire
 from sidecar.peering.frame_stream import describe
 from sidecar.peering.handshake import Accept, Handshake, Refuse
-from sidecar.tokens import bearer_metadata
+
+UNPROVEN_WAIT = 1.0
+"""Seconds to wait for the status of a stream whose peer gave no proof (it may be ending)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,13 @@ class Dialled(NamedTuple):
 
 async def dial(
     peer: str, address: str, handshake: Handshake, *, options: list, timeout: float,
-    token: str = "", credentials: grpc.ChannelCredentials | None = None,
+    prover: Prover | None = None, credentials: grpc.ChannelCredentials | None = None,
 ) -> Dialled:
-    """Open the stream to `peer` at `address` (presenting the peer `token`, if any; over TLS
-    with `credentials`); raise DialError or PeerRefused."""
+    """Open the stream to `peer` at `address` and handshake; raise DialError or PeerRefused.
+
+    With a `prover` (the cluster has a peer token) the peer proves it holds the token before
+    this node sends anything but a proof of its own (`sidecar.grpc_auth`); the token itself is
+    never sent. Over TLS with `credentials`."""
     channel = (grpc.aio.insecure_channel(address, options=options) if credentials is None
                else grpc.aio.secure_channel(address, credentials, options=options))
     call = None
@@ -79,16 +86,30 @@ async def dial(
         method = channel.stream_stream(
             wire.METHOD, request_serializer=None, response_deserializer=wire.decode
         )
-        call = method(metadata=bearer_metadata(token), wait_for_ready=False)
         try:
+            proven = True
             async with asyncio.timeout(timeout):
-                await call.write(wire.hello_frame(handshake.me))
-                item = await call.read()
+                claim = None
+                if prover is not None:
+                    claim = await prover.claim(channel, wire.CHALLENGE, peer, address, timeout,
+                                               peer_pb2.ChallengeReply)
+                call = method(metadata=() if claim is None else prover.metadata(claim),
+                              wait_for_ready=False)
+                if claim is not None and prover is not None:
+                    proven = prover.answered(claim, await call.initial_metadata())
+                if proven:
+                    await call.write(wire.hello_frame(handshake.me))
+                    item = await call.read()
+            if not proven:
+                await _unproven(call, peer, address)
         except TimeoutError:
             raise DialError(
                 f"no answer to Hello from {address} within {timeout:g}s: the peer is hung,"
                 " or that address is not a mqfed peer port"
             ) from None
+        except AuthFailure as exc:
+            raise PeerRefused(peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED,
+                                              message=str(exc)), by_peer=exc.by_peer) from None
         except grpc.aio.AioRpcError as exc:
             if "handshake failed" in (exc.details() or "").lower():  # TLS: not transient
                 raise PeerRefused(peer_pb2.Refuse(
@@ -96,7 +117,12 @@ async def dial(
                     message=f"TLS handshake with {address} failed ({exc.details()}): both nodes"
                             " need certificates signed by the same grpc.tls_ca, each naming"
                             " the host peers dial it at"), by_peer=False) from None
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:  # it refused us unread
+                raise PeerRefused(peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED,
+                                                  message=exc.details() or exc.code().name),
+                                  by_peer=True) from None
             raise DialError(f"cannot reach {address}: {describe(exc)}") from None
+        assert call is not None
         if item is grpc.aio.EOF:
             raise DialError(
                 f"{address} ended the stream without answering Hello"
@@ -126,3 +152,17 @@ async def dial(
             call.cancel()
         await channel.close(None)
         raise
+
+
+async def _unproven(call: Any, peer: str, address: str) -> None:
+    """The peer gave no valid proof: if it ended the call, it refused ours; else it is not a
+    holder of the peer token and gets nothing (raises AuthFailure either way)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(UNPROVEN_WAIT):
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise AuthFailure(await call.details() or code.name, by_peer=True)
+    raise AuthFailure(
+        f"{address} did not prove that it holds the peer token, so it was sent nothing: it is"
+        f" not node {peer!r} (a forged or stale membership record?) or its grpc.token differs",
+        by_peer=False)

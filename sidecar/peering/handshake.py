@@ -37,6 +37,9 @@ __all__ = [
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 2
+"""1.2: with a peer token, challenge-response authentication before the Hello (the token
+itself never travels; sidecar/challenge.py; a 1.1 node presenting the token is refused), and
+the replicated will table (capability `wills`)."""
 SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
 INTEREST_CHUNKS = "interest-chunks"
 """1.1: interest snapshots in chunks, and InterestApplied replies (interest lag)."""

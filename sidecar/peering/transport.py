@@ -30,12 +30,12 @@ import grpc
 import grpc.aio
 
 from sidecar._proto import peer_pb2
+from sidecar.grpc_auth import Authenticator, Checked, Gate, Prover, refusal_of
 from sidecar.peering import wire
 from sidecar.peering.dialer import Backoff, DialError, Dialled, PeerRefused, dial
 from sidecar.peering.frame_stream import Counters, FrameStream
 from sidecar.peering.handshake import Accept, Handshake, Refuse
 from sidecar.peering.tls import PeerTls
-from sidecar.tokens import presented_token, same_token
 
 __all__ = ["Backoff", "FrameTooLarge", "PeerHandler", "PeerTransport", "PeerTransportError"]
 
@@ -113,6 +113,7 @@ class PeerTransport:
         backoff: Backoff | None = None,
         token: str = "",
         tls: PeerTls | None = None,
+        check_address: bool = True,
     ) -> None:
         if dead_after < 2 * heartbeat_interval:
             raise ValueError(f"dead_after ({dead_after:g}s) must be at least twice"
@@ -127,7 +128,14 @@ class PeerTransport:
         self.connect_timeout = dead_after if connect_timeout is None else connect_timeout
         self.max_message_bytes = max_message_bytes
         self.backoff = backoff or Backoff()
-        self.token = token  # shared peer token: presented when dialling, required when served
+        self.token = token  # shared peer token: proven when dialling, required when served
+        # the addresses a dialler may name in its proof: the one we advertise (None: any, for
+        # a static peer list, which no outsider can write)
+        me = handshake.me
+        addresses = frozenset({me.grpc_address}) if check_address and me.grpc_address else None
+        self.auth = (Authenticator(token, "peer", self.node_id, addresses) if token else None)
+        self._prover = Prover(token, "peer", self.node_id) if token else None
+        self.gate = Gate()  # streams not authenticated yet (or, without a token, before Hello)
         self.tls = tls  # mutual TLS on both sides when set
         self._credentials = None if tls is None else tls.channel_credentials()
         self.port: int | None = None
@@ -149,9 +157,12 @@ class PeerTransport:
         method = grpc.stream_stream_rpc_method_handler(
             self._serve, request_deserializer=wire.decode, response_serializer=None
         )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(wire.SERVICE_NAME, {"Stream": method}),)
-        )
+        # request-streaming, so that gRPC does not read (up to max_message_bytes) what an
+        # unauthenticated caller sends: the request is never read at all
+        challenge = grpc.stream_unary_rpc_method_handler(
+            self._challenge, request_deserializer=None, response_serializer=None)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            wire.SERVICE_NAME, {"Stream": method, "Challenge": challenge}),))
         try:
             port = (server.add_insecure_port(self.listen) if self.tls is None else
                     server.add_secure_port(self.listen, self.tls.server_credentials()))
@@ -373,12 +384,12 @@ class PeerTransport:
             try:
                 dialled = await dial(p.node_id, address, self.handshake,
                                      options=self._channel_options, timeout=self.connect_timeout,
-                                     token=self.token, credentials=self._credentials)
+                                     prover=self._prover, credentials=self._credentials)
             except PeerRefused as exc:
                 p.failures += 1
                 p.out_state, p.last_error = "refused", exc.refuse.message
                 who = f"peer {p.node_id!r} refused this node" if exc.by_peer else (
-                    f"this node refused peer {p.node_id!r}'s Welcome")
+                    f"this node refused peer {p.node_id!r}")
                 self._log_loudly(f"out:{p.node_id}", f"{who}: {exc.refuse.message}",
                                  peer=p.node_id, address=address,
                                  code=wire.refuse_code_name(exc.refuse.code))
@@ -420,8 +431,29 @@ class PeerTransport:
     # ---- inbound -----------------------------------------------------------------------------
 
     async def _serve(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await self._check_token(context)  # before the Hello can touch the handshake state
-        accept = await self._read_hello(context)
+        if not self.gate.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"node {self.node_id!r}: too many peer streams are being"
+                                " authenticated at once; retry")
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.gate.leave()
+
+        try:
+            caller = await self._authenticate(context, release)  # before any frame is read
+            if caller is not None:
+                release()  # authenticated: its Hello is read outside the gate
+            accept = await self._read_hello(context)
+        finally:
+            release()
+        if caller is not None and accept.peer.node_id != caller:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                f"the Hello names node {accept.peer.node_id!r}, the proof of"
+                                f" the peer token node {caller!r}")
         if self._stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id!r}: {STOPPING}")
         node = accept.peer.node_id
@@ -450,26 +482,62 @@ class PeerTransport:
         if stream.closed_locally:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id!r}: {reason}")
 
-    async def _check_token(self, context: grpc.aio.ServicerContext) -> None:
-        """With a peer token configured, refuse a stream that does not present it."""
-        if not self.token:
-            return
-        presented = presented_token(context.invocation_metadata() or ())
-        if presented is not None and same_token(presented, self.token):
-            return
-        why = "no peer token" if presented is None else "a wrong peer token"
-        message = (f"node {self.node_id!r} refused a stream with {why}: every node of a cluster"
-                   " needs the same grpc.token or grpc.token_file")
-        self._log_loudly(f"in-auth:{why}", message, remote=context.peer())
-        refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
-        # Read (and ignore) the Hello first: an abort with the first message unread now and
-        # then left the dialler's call without a status (a gRPC task that never ends, one per
-        # refused dial); rare with gRPC's defaults, 1 test run in 3 with sidecar.grpc_tuning.
+    async def _challenge(self, _requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+        """A server nonce for the dialler's proof (its request is not read)."""
+        if not self.gate.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"node {self.node_id!r}: too many unauthenticated calls; retry")
+        try:
+            if self.auth is None:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"node {self.node_id!r} has no peer token, so it cannot"
+                                    " prove one: every node of a cluster needs the same"
+                                    " grpc.token or grpc.token_file")
+            return peer_pb2.ChallengeReply(nonce=self.auth.challenge()).SerializeToString()
+        finally:
+            self.gate.leave()
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext,
+                            release: Callable[[], None]) -> str | None:
+        """With a peer token, check the dialler's proof (metadata only: nothing is read) and
+        answer with ours; return the proven node id. A failed proof aborts the RPC (`release`
+        frees its gate slot before it waits for the dialler to hang up)."""
+        if self.auth is None:
+            await context.send_initial_metadata(())
+            return None
+        metadata = context.invocation_metadata() or ()
+        checked = self.auth.check(metadata)
+        if isinstance(checked, Checked):
+            await context.send_initial_metadata(checked.answer)
+            return checked.claim.caller
+        help_ = ("every node of a cluster needs the same grpc.token or grpc.token_file")
+        if checked is not None:
+            message = (f"node {self.node_id!r} refused a stream whose proof of the peer token"
+                       f" failed: {checked}; {help_}")
+        elif refusal_of(metadata):
+            message = (f"node {self.node_id!r} refused a stream that presented the peer token"
+                       " itself: this is an older mqfed (peer protocol 1.1); nodes of protocol"
+                       " 1.2 prove the token without sending it: upgrade this node")
+        else:
+            message = f"node {self.node_id!r} refused a stream with no peer token: {help_}"
+        self._log_loudly(f"in-auth:{message[:60]}", message, remote=context.peer())
+        if checked is None:  # an older or tokenless dialler reads a Refuse, not the status
+            refuse = peer_pb2.Refuse(code=peer_pb2.Refuse.UNAUTHENTICATED, message=message)
+            await context.write(peer_pb2.Frame(refuse=refuse).SerializeToString())
+            release()
+            await self._await_hangup(context)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        return None  # not reached: abort raises
+
+    async def _await_hangup(self, context: grpc.aio.ServicerContext) -> None:
+        """Give a dialler that sent its Hello unasked (it is not read) the time to read our
+        Refuse and cancel: aborted under it, its gRPC call now and then never got a status
+        (one task left behind per refused dial in that process)."""
+        gone = asyncio.Event()
+        context.add_done_callback(lambda _context: gone.set())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.hello_timeout):
-                await context.read()
-        await context.write(peer_pb2.Frame(refuse=refuse).SerializeToString())
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+                await gone.wait()
 
     async def _read_hello(self, context: grpc.aio.ServicerContext) -> Accept:
         """The dialling side's Hello, checked; aborts the RPC (with a Refuse frame) otherwise."""

@@ -13,6 +13,7 @@ Frame = peer_pb2.Frame
 _SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
 SERVICE_NAME = _SERVICE.full_name  # "mqfed.peer.v1.Peer"
 METHOD = f"/{SERVICE_NAME}/{_SERVICE.methods_by_name['Stream'].name}"
+CHALLENGE = f"/{SERVICE_NAME}/{_SERVICE.methods_by_name['Challenge'].name}"
 
 KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000

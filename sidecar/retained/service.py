@@ -21,6 +21,7 @@ from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import from_paho_properties
+from sidecar.peering.transport import FrameTooLarge
 from sidecar.retained import wire
 from sidecar.retained.antientropy import (
     AntiEntropy,
@@ -95,7 +96,8 @@ class RetainedService:
         self._counts: tuple[float, dict[str, int]] = (0.0, {})
         self.counters = {"reads": 0, "read_topics": 0, "read_found": 0, "read_failures": 0,
                          "unconfirmed_timeouts": 0, "frames_out": 0, "ae_received": 0,
-                         "purged": 0}
+                         "purged": 0, "too_large": 0, "errors": 0}
+        self.max_frame = getattr(transport, "max_message_bytes", wire.MAX_FRAME)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -113,15 +115,22 @@ class RetainedService:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(TICK)
-            now = time.monotonic()
-            stale = [t for t, at in self._sent_at.items() if now - at > CONFIRM_TIMEOUT]
-            if stale:
-                self.counters["unconfirmed_timeouts"] += len(stale)
-                self._confirm(stale)
-            self._run(self.ae.poll(_wall_ms()))
-            if now - self._purged_at >= min(60.0, self.grace / 4):
-                self._purged_at = now
-                self._purge()
+            try:
+                self._tick()
+            except Exception:  # one bad entry must not stop replication for good
+                self.counters["errors"] += 1
+                log.exception("retained replication tick failed: this is a bug")
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        stale = [t for t, at in self._sent_at.items() if now - at > CONFIRM_TIMEOUT]
+        if stale:
+            self.counters["unconfirmed_timeouts"] += len(stale)
+            self._confirm(stale)
+        self._run(self.ae.poll(_wall_ms()))
+        if now - self._purged_at >= min(60.0, self.grace / 4):
+            self._purged_at = now
+            self._purge()
 
     def _purge(self) -> None:
         """Forget tombstones and expired messages older than the grace period."""
@@ -216,7 +225,8 @@ class RetainedService:
                 if self._reader is None or self._reader.done():
                     self._reader = asyncio.get_running_loop().create_task(self._read_loop())
             elif isinstance(action, Broadcast):
-                frames = list(wire.entries_frames(action.entries, now))
+                frames = list(wire.entries_frames(action.entries, now, max_frame=self.max_frame,
+                                                  too_large=self._too_large))
                 for peer in self.peers():
                     for data in frames:
                         self._send(peer, data)
@@ -227,7 +237,7 @@ class RetainedService:
                 self._send(action.peer, wire.request_frame(action.exchange, action.topics))
             elif isinstance(action, ReplyEntries):
                 for data in wire.entries_frames(action.entries, now, action.exchange,
-                                                action.last):
+                                                action.last, self.max_frame, self._too_large):
                     self._send(action.peer, data, reply=inbound)
             elif isinstance(action, ReplyVersions):
                 self._send(action.peer, wire.versions_frame(action.exchange, action.buckets,
@@ -238,8 +248,20 @@ class RetainedService:
             self._barriers[self.forward_client.barrier()] = self._qos0
             self._qos0 = []
 
+    def _too_large(self, entry: Any, size: int) -> None:
+        self.counters["too_large"] += 1
+        log.error("a retained message is larger than a peer frame may be: peers get it as"
+                  " deleted (set Mosquitto's message_size_limit below the limit to refuse such"
+                  " publishes at the edge)", extra={"topic": entry.topic, "bytes": size,
+                                                    "limit": self.max_frame})
+
     def _send(self, peer: str, data: bytes, reply: bool = False) -> None:
-        sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        try:
+            sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        except FrameTooLarge as exc:  # frames are sized to fit: a bug, but never fatal
+            self.counters["too_large"] += 1
+            log.error("a retained frame was not sent: %s", exc, extra={"peer": peer})
+            return
         if sent:
             self.counters["frames_out"] += 1
 
@@ -284,7 +306,12 @@ class RetainedService:
             self.counters["reads"] += 1
             self.counters["read_topics"] += len(topics)
             self.counters["read_found"] += len(results)
-            self._run(self.replicator.on_read(topics, results, _wall_ms()))
+            try:
+                self._run(self.replicator.on_read(topics, results, _wall_ms()))
+            except Exception:  # the loop goes on with the next topics
+                self.counters["errors"] += 1
+                log.exception("handling retained messages read back failed: this is a bug",
+                              extra={"topics": len(topics)})
 
     def status(self) -> dict[str, Any]:
         at, counts = self._counts

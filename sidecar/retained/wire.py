@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sidecar._proto import peer_pb2
 from sidecar.peering.envelopes import properties_from
@@ -10,6 +10,9 @@ from sidecar.retained.entry import RetainedEntry, Version
 
 CHUNK_ENTRIES = 500
 CHUNK_BYTES = 1 << 20
+MAX_FRAME = 64 << 20  # the peer transport's default max_message_bytes
+FRAME_OVERHEAD = 64  # Frame + RetainedEntries around the entries (tags, exchange, last)
+ENTRY_OVERHEAD = 6  # tag and length of one entry in RetainedEntries
 
 
 def entry_to_proto(entry: RetainedEntry, now_ms: int) -> peer_pb2.RetainedEntry:
@@ -45,9 +48,14 @@ def entry_from_proto(msg: peer_pb2.RetainedEntry, now_ms: int) -> RetainedEntry:
 
 
 def entries_frames(entries: Sequence[RetainedEntry], now_ms: int, exchange: int = 0,
-                   last: bool = False) -> Iterator[bytes]:
+                   last: bool = False, max_frame: int = MAX_FRAME,
+                   too_large: Callable[[RetainedEntry, int], None] | None = None
+                   ) -> Iterator[bytes]:
     """Serialized `Frame{retained_entries}` chunks (`last` set on the final one; at least one
-    frame when `last` is asked for, so the peer always learns the answer ended)."""
+    frame when `last` is asked for, so the peer always learns the answer ended), each below
+    `max_frame` bytes. An entry too large for any frame goes without its value, as expired:
+    peers then hold its version as deleted (their older value goes, anti-entropy agrees and
+    does not ask again); `too_large(entry, size)` is told."""
     batch: list[peer_pb2.RetainedEntry] = []
     size = 0
 
@@ -57,8 +65,18 @@ def entries_frames(entries: Sequence[RetainedEntry], now_ms: int, exchange: int 
 
     for entry in entries:
         msg = entry_to_proto(entry, now_ms)
+        entry_size = msg.ByteSize() + ENTRY_OVERHEAD
+        if entry_size > max_frame - FRAME_OVERHEAD:
+            if too_large is not None:
+                too_large(entry, entry_size)
+            msg = peer_pb2.RetainedEntry(topic=entry.topic, hlc=entry.hlc,
+                                         origin_node=entry.origin, qos=entry.qos, expired=True)
+            entry_size = msg.ByteSize() + ENTRY_OVERHEAD
+        if batch and size + entry_size > max_frame - FRAME_OVERHEAD:
+            yield frame(False)
+            batch, size = [], 0
         batch.append(msg)
-        size += msg.ByteSize()
+        size += entry_size
         if len(batch) >= CHUNK_ENTRIES or size >= CHUNK_BYTES:
             yield frame(False)
             batch, size = [], 0

@@ -28,6 +28,7 @@ from sidecar.local.events import (
     Unsubscribe,
 )
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions import wire
 from sidecar.sessions.record import SessionRecord
@@ -97,7 +98,7 @@ class SessionService:
         self._handover_sum = 0.0
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0,
-                         "sync_timeouts": 0}
+                         "sync_timeouts": 0, "frames_too_large": 0}
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -249,7 +250,12 @@ class SessionService:
                 self._send(peer, data)
 
     def _send(self, peer: str, data: bytes, reply: bool = False) -> bool:
-        sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        try:
+            sent = self.transport.reply(peer, data) if reply else self.transport.send(peer, data)
+        except FrameTooLarge as exc:  # e.g. a backlog holding a message above the limit
+            self.counters["frames_too_large"] += 1
+            log.error("a session frame was not sent: %s", exc, extra={"peer": peer})
+            return False
         if sent:
             self.counters["frames_out"] += 1
         return bool(sent)

@@ -27,13 +27,14 @@ def rec(node: str, admin: str = "") -> NodeRecord:
 
 def test_auth_policy() -> None:
     policy = AuthPolicy("s3cret")
-    assert policy.check([("authorization", "Bearer s3cret")]) is None
-    assert "no token" in policy.check([])
-    assert "wrong token" in policy.check([("authorization", "Bearer nope")])
-    assert "wrong token" in policy.check([("authorization", "s3cret")])  # scheme missing
-    assert "no admin token configured" in AuthPolicy(None).check(
-        [("authorization", "Bearer x")])
-    assert AuthPolicy(None, dev_mode=True).check([]) is None
+    assert policy.refusal("ok", bearer=False) is None
+    assert "no token" in policy.refusal(None, bearer=False)
+    assert "--token-file" in policy.refusal(None, bearer=False)
+    failed = policy.refusal("the proof does not match this node's token", bearer=False)
+    assert "refused" in failed and "does not match" in failed
+    assert "older mqfed" in policy.refusal(None, bearer=True)  # a token sent in the clear
+    assert "no admin token configured" in AuthPolicy(None).refusal(None, bearer=True)
+    assert AuthPolicy(None, dev_mode=True).refusal(None, bearer=False) is None
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:7101", "10.1.2.3:7101", "example.com:7101"])
@@ -60,6 +61,17 @@ def test_record_carries_the_admin_address_and_old_records_decode() -> None:
     assert NodeRecord.decode(r.encode()) == r
     old = {k: v for k, v in json.loads(r.encode()).items() if k != "admin"}
     assert NodeRecord.decode(json.dumps(old)).admin == ""
+
+
+def test_directory_retention_runs_on_the_monotonic_clock() -> None:
+    """The wall clock stepping back an hour neither keeps a crashed node a target longer nor
+    changes what `since` says."""
+    d = Directory(rec("a"), crashed_retention=60)
+    d.on_events([Change("joined", "b", rec("b"))], now=5000, monotonic=100)
+    d.on_events([Change("crashed", "b", rec("b"))], now=5010, monotonic=110)
+    assert d.entries()[1].since == 5010  # wall time, shown to people
+    assert [e.record.node_id for e in d.targets([], 169)] == ["a", "b"]
+    assert [e.record.node_id for e in d.targets([], 171)] == ["a"]
 
 
 def test_directory_states_and_targets() -> None:

@@ -102,7 +102,7 @@ CORES = {
     "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
     "sidecar.membership.routed", "sidecar.routing.acks", "sidecar.routing.local_interest",
     "sidecar.routing.lag", "sidecar.observability.latency",
-    "sidecar.hlc", "sidecar.topics", "sidecar.message",
+    "sidecar.hlc", "sidecar.topics", "sidecar.message", "sidecar.challenge",
     "sidecar.sessions.record", "sidecar.sessions.registry",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""

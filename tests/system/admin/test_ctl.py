@@ -250,7 +250,8 @@ def test_unauthenticated_calls_are_refused(meshed: AdminCluster) -> None:
     r = meshed.ctl("status", token=False)
     assert r.code == 1 and "admin call refused: no token" in r.err, r.err
     wrong = meshed.ctl("nodes", token="not-the-token")
-    assert wrong.code == 1 and "wrong token" in wrong.err
+    assert wrong.code == 1 and "does not match this node's token" in wrong.err, wrong.err
+    assert "warning: --token puts the admin token on the command line" in wrong.err
     channel = grpc.insecure_channel(meshed.admin("n1"))
     try:
         call = channel.unary_unary(path("Nodes"), request_serializer=admin_pb2.Query.

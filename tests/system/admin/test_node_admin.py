@@ -64,6 +64,26 @@ def test_bad_admin_settings_start_nothing(tmp_path) -> None:
     assert not (tmp_path / "e3" / "mosquitto.pid").exists()
 
 
+def test_example_tokens_start_nothing_unless_allowed(nodes, tmp_path, monkeypatch) -> None:
+    """The tokens the compose file ships are public: a node refuses them, before Mosquitto,
+    unless MQFED_ALLOW_DEFAULT_TOKENS=1 says this is a throw-away cluster."""
+    for section, token in (("grpc", "change-me-too"), ("admin", "change-me")):
+        values = node_config(tmp_path, f"x{section}", **{section: {"token": token}})
+        path = tmp_path / f"x{section}.toml"
+        path.write_text(render_toml(values))
+        r = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config", str(path)],
+                           capture_output=True, text=True, timeout=60, cwd=REPO,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+        assert r.returncode == 2 and "example token" in r.stderr, r.stderr
+        assert "MQFED_ALLOW_DEFAULT_TOKENS=1" in r.stderr
+        assert not (tmp_path / f"x{section}" / "mosquitto.pid").exists()
+    values = node_config(tmp_path, "allowed", admin={"token": "change-me"},
+                         grpc={"token": "change-me-too"})
+    monkeypatch.setenv("MQFED_ALLOW_DEFAULT_TOKENS", "1")  # inherited by the node
+    node = nodes.start(values)
+    assert node.proc.alive()
+
+
 def test_static_peers_learn_each_others_admin_address_from_the_handshake(nodes, tmp_path):
     """Static membership has no registry of admin addresses: the peer handshake carries them,
     so a cluster-wide call on a static cluster gets every node's answer."""

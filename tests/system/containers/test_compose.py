@@ -46,7 +46,9 @@ def compose_project(engine, images):
     assert binary, "docker-compose is not installed (`make install` installs Debian's)"
     ports = _free_ports(8)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MQFED_IMAGE_TAG": TAG,
-           "MQFED_FRONT_PORT": str(ports[0]), "MQFED_FRONT_STATS_PORT": str(ports[1])}
+           "MQFED_FRONT_PORT": str(ports[0]), "MQFED_FRONT_STATS_PORT": str(ports[1]),
+           # the compose file's example tokens, accepted explicitly (nodes refuse them else)
+           "MQFED_ALLOW_DEFAULT_TOKENS": "1"}
     for i in (1, 2, 3):
         env[f"MQFED_N{i}_ADMIN_PORT"] = str(ports[2 * i])
         env[f"MQFED_N{i}_METRICS_PORT"] = str(ports[2 * i + 1])
