@@ -43,7 +43,6 @@ from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.sessions.service import SessionService
 from sidecar.tokens import AuthError, check_not_default, read_token
 from sidecar.wills.service import WillService
-from sidecar.wills.sessions_view import RegistryView
 
 log = logging.getLogger("mqfed.node")
 
@@ -296,7 +295,7 @@ class Node:
         assert self.link is not None and self.sessions is not None
         return WillService(
             self.config.node_id, self.layout.run_dir, self.config["wills"]["grace"], self.link,
-            routing.transport, lambda: list(routing.queues), RegistryView(self.sessions.registry),
+            routing.transport, lambda: list(routing.queues), self.sessions.registry,
             lambda: self._membership_view(incarnation), routing.on_retained_seen)
 
     def _membership_view(self, incarnation: int) -> dict[str, int]:

@@ -30,11 +30,11 @@ replica's queue (a drain, as from an old owner).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
+from sidecar.rendezvous import ranked
 from sidecar.sessions.record import SessionRecord, newer
 
 TOMBSTONE_KEEP_MS = 3_600_000
@@ -378,13 +378,17 @@ class SessionRegistry:
                 "denied": len(self.denied), "busy": len(self.busy),
                 "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
 
+    def latest_connect(self, client: str) -> int | None:
+        """The connect HLC of `client`'s latest connection known anywhere (None: none)."""
+        record = self.records.get(client)
+        return None if record is None else record.connect_hlc
+
     def replica_nodes(self, client: str, owner: str) -> list[str]:
         """The nodes besides `owner` that hold a replica of `client`'s session, as this node
         sees the nodes up: the first `replicas` - 1 by rendezvous hash (all: every one)."""
         if self.replicas == 1:
             return []
-        nodes = sorted((self.up | {self.node_id}) - {owner},
-                       key=lambda n: _rank(client, n), reverse=True)
+        nodes = ranked(client, (self.up | {self.node_id}) - {owner})
         return nodes if self.replicas == 0 else nodes[:self.replicas - 1]
 
     # ---- internals -----------------------------------------------------------------------
@@ -584,8 +588,3 @@ class SessionRegistry:
             out.append(Admit(client))
         return out
 
-
-def _rank(client: str, node: str) -> int:
-    """Rendezvous hash weight of `node` for `client`."""
-    digest = hashlib.blake2b(f"{client}\0{node}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")

@@ -2,7 +2,8 @@
 who publishes a dead node's wills (cores), and their adapters.
 
 Cores: `record` (values, versions, due times), `liveness` (which nodes are confirmed dead),
-`rendezvous` (the one survivor that acts for a client), `table` (the will table and its
-actions), `sessions_view` (the read-only view of the session registry it needs). Adapters:
+`table` (the will table and its actions; it reads the session registry's latest connects
+through `table.Connections`), with `sidecar.rendezvous` (the one survivor that acts for a
+client). Adapters:
 `sqlite` (durable table), `wire` (peer.proto), `service` (I/O).
 """

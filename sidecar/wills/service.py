@@ -29,9 +29,8 @@ from sidecar.peering.transport import FrameTooLarge
 from sidecar.wills import wire
 from sidecar.wills.liveness import Confirmed, Liveness, Returned
 from sidecar.wills.record import ARMED, WillMessage, WillRecord
-from sidecar.wills.sessions_view import Connections
 from sidecar.wills.sqlite import SqliteWillStore
-from sidecar.wills.table import Fire, Forget, Notice, Persist, Store, WillTable
+from sidecar.wills.table import Connections, Fire, Forget, Notice, Persist, Store, WillTable
 
 log = logging.getLogger("mqfed.wills")
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
+from sidecar.rendezvous import choose
 from sidecar.wills.liveness import Liveness
 from sidecar.wills.record import (
     ARMED,
@@ -37,8 +39,15 @@ from sidecar.wills.record import (
     delay_s,
     newer,
 )
-from sidecar.wills.rendezvous import choose
-from sidecar.wills.sessions_view import Connections
+
+
+class Connections(Protocol):
+    """What the will table reads of the session registry: the connect HLC of a client's
+    latest connection known anywhere (None: none). A will whose connection is older than
+    that is not published: the client reconnected meanwhile."""
+
+    def latest_connect(self, client: str) -> int | None: ...
+
 
 OWNER_MARGIN_MS = 1_500
 """A delayed will on its live owner counts as sent this long after it was due (Mosquitto

@@ -103,7 +103,8 @@ CORES = {
     "sidecar.membership.routed", "sidecar.routing.acks", "sidecar.routing.local_interest",
     "sidecar.routing.lag", "sidecar.observability.latency",
     "sidecar.hlc", "sidecar.topics", "sidecar.message", "sidecar.challenge",
-    "sidecar.sessions.record", "sidecar.sessions.registry",
+    "sidecar.sessions.record", "sidecar.sessions.registry", "sidecar.rendezvous",
+    "sidecar.wills.record", "sidecar.wills.table", "sidecar.wills.liveness",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""
 VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol", "sidecar.membership.view"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar.hlc import HybridClock, Timestamp
+from sidecar.rendezvous import choose
 from sidecar.wills.liveness import Liveness
 from sidecar.wills.record import ARMED, DELAYED, DONE, LEAVING, LOST, WillMessage, WillRecord
-from sidecar.wills.rendezvous import choose
 from sidecar.wills.table import (
     DONE_KEEP_MS,
     OWNER_MARGIN_MS,

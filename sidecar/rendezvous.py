@@ -15,6 +15,11 @@ def weight(key: str, node: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+def ranked(key: str, nodes: Iterable[str]) -> list[str]:
+    """`nodes` from the highest weight for `key` down (ties by node id)."""
+    return sorted(nodes, key=lambda n: (weight(key, n), n), reverse=True)
+
+
 def choose(key: str, nodes: Iterable[str]) -> str | None:
     """The node with the highest weight for `key` (None for no nodes; ties by node id)."""
     return max(nodes, key=lambda n: (weight(key, n), n), default=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sidecar.wills.rendezvous import choose, weight
+from sidecar.rendezvous import choose, weight
 
 
 def test_same_choice_whatever_the_order_of_the_nodes():
@@ -31,3 +31,13 @@ def test_keys_spread_and_only_the_removed_nodes_keys_move():
 
 def test_no_nodes_no_choice():
     assert choose("c", []) is None
+
+
+def test_ranked_starts_with_the_chosen_node_and_holds_every_node_once():
+    from sidecar.rendezvous import ranked
+
+    nodes = [f"n{i}" for i in range(7)]
+    for key in ("a", "b", "dev-1"):
+        order = ranked(key, nodes)
+        assert order[0] == choose(key, nodes) and sorted(order) == sorted(nodes)
+        assert ranked(key, reversed(nodes)) == order
