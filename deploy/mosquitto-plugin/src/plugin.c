@@ -259,20 +259,21 @@ static bool is_shadow(struct mosquitto *client)
 
 	if(client == NULL || client == sidecar_conn() || client == sidecar_fwd_conn()) return false;
 	id = mosquitto_client_id(client);
-	if(id == NULL || is_sidecar_id(id)
+	if(id == NULL || is_reserved_id(id)
 			|| !streq(mosquitto_client_username(client), MQFED_SIDECAR_USER)){
 		return false;
 	}
 	return sidecar_vouched(client) || session_only(client);
 }
 
-/* Given neither is_sidecar nor is_shadow: a client using the sidecar's client id or username
- * without having proven it. Mosquitto asks no plugin before such a connect on a listener with
- * use_identity_as_username / use_subject_as_username (TLS certificate, PSK identity), and
- * another auth plugin may grant it: every ACL check is its first chance to be stopped. */
+/* Given neither is_sidecar nor is_shadow: a client using the sidecar's client id (or another
+ * reserved one, is_reserved_id) or username without having proven it. Mosquitto asks no
+ * plugin before such a connect on a listener with use_identity_as_username /
+ * use_subject_as_username (TLS certificate, PSK identity), and another auth plugin may grant
+ * it: every ACL check is its first chance to be stopped. */
 static bool is_impostor(struct mosquitto *client)
 {
-	return is_sidecar_id(mosquitto_client_id(client))
+	return is_reserved_id(mosquitto_client_id(client))
 		|| streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
 }
 
@@ -507,6 +508,12 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(is_reserved_id(id)){
+		log_refused_identity(id, ed->username, "client ids beginning with 'mqfed-sidecar' are "
+				"reserved for the sidecar");
+		emit_connect_rejected(id, ed->username, "auth");
+		return MOSQ_ERR_AUTH;
+	}
 	if(streq(ed->username, MQFED_SIDECAR_USER)){
 		/* a shadow: the sidecar acting as this client (is_shadow); never on the deny list */
 		if(!proves_sidecar(client, id, ed->username, ed->password, false)){
@@ -541,7 +548,7 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_event();
-	if(is_sidecar_id(id) || streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
+	if(is_reserved_id(id) || streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
 		log_refused_identity(id, mosquitto_client_username(ed->client), "enhanced "
 				"authentication cannot claim the sidecar's client id or username");
 		emit_connect_rejected(id, mosquitto_client_username(ed->client), "auth");

@@ -8,6 +8,9 @@
 #include "sidecar.h"
 
 #define FWD_SUFFIX ".fwd"
+/* Client ids beginning with this are the sidecar's (its default id, and the ids `mqfed node`
+ * derives from the node's secret); the sidecar ignores such clients in its session handling. */
+#define RESERVED_ID_PREFIX "mqfed-sidecar"
 
 /* A connection that proved the sidecar's identity, until its DISCONNECT. */
 struct vouched {
@@ -72,6 +75,14 @@ const char *sidecar_fwd_id(void)
 bool is_sidecar_id(const char *id)
 {
 	return id != NULL && (streq(id, id_main) || streq(id, id_fwd));
+}
+
+/* A client id no client but the sidecar may use: its own two, and any beginning with
+ * "mqfed-sidecar". */
+bool is_reserved_id(const char *id)
+{
+	return is_sidecar_id(id)
+		|| (id != NULL && strncmp(id, RESERVED_ID_PREFIX, strlen(RESERVED_ID_PREFIX)) == 0);
 }
 
 /* Whether the connection came in on the private unix-socket listener. For a unix socket

@@ -10,6 +10,7 @@ void sidecar_cleanup(void);
 const char *sidecar_id(void);
 const char *sidecar_fwd_id(void);
 bool is_sidecar_id(const char *id);
+bool is_reserved_id(const char *id);
 bool sidecar_private(struct mosquitto *client);
 const char *sidecar_socket(void);
 void sidecar_vouch(struct mosquitto *conn);
