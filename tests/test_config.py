@@ -33,6 +33,10 @@ def test_defaults_and_required_id():
     ({"node": {"id": "n1"}, "grpc": {"tls_cert": "c.pem", "tls_key": "k.pem"}},
      "grpc.tls_cert, grpc.tls_key and grpc.tls_ca go together"),
     ({"node": {"id": "n1"}, "admin": {"tls": True}}, "admin.tls uses the node's certificate"),
+    ({"node": {"id": "n1"}, "mqtt": {"message_size_limit": 100}},
+     "mqtt.message_size_limit: expected 1024 to 41943040 bytes"),
+    ({"node": {"id": "n1"}, "mqtt": {"message_size_limit": 70 << 20}},
+     "would not fit a 64 MiB peer frame"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):
