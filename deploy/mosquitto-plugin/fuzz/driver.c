@@ -20,7 +20,7 @@
 #include "target.h"
 
 #define FUZZ_MAX_INPUT (64u << 10)
-#define MAX_POOL 4096
+#define MAX_POOL 1024
 
 static const uint8_t *current;
 static size_t current_size;
