@@ -12,7 +12,7 @@ DEMO_NODES ?= 3
 DEMO_PORT ?= 1883
 PYTEST_ARGS ?=
 
-.PHONY: install apt venv proto plugin demo test lint clean images mutants
+.PHONY: install apt venv proto plugin demo test lint fuzz clean images mutants
 
 install: apt venv proto plugin
 
@@ -55,9 +55,14 @@ demo: install
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# the plugin under AddressSanitizer and UBSan: its regression corpus, then FUZZ_SECONDS (30) of
+# mutated inputs (deploy/mosquitto-plugin/fuzz; docs/testing.md)
+fuzz:
+	$(MAKE) -s -C deploy/mosquitto-plugin fuzz
+
 # with-engine.sh: starts dockerd if needed (and stops it after, only if it started it), builds
 # the container images, and announces loudly when the container tests cannot run
-test: install lint
+test: install lint fuzz
 	deploy/docker/with-engine.sh $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 # issue 23: break the code on purpose (13 mutations), check the named tests fail; not in `test`

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.broker.conf import DEFAULT_MESSAGE_SIZE_LIMIT, MAX_MESSAGE_SIZE_LIMIT
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and what is expected."""
@@ -85,6 +87,14 @@ def _at_least(minimum: int) -> Callable[[int], int]:
     return check
 
 
+def _message_size_limit(value: int) -> int:
+    if not 1024 <= value <= MAX_MESSAGE_SIZE_LIMIT:
+        raise ValueError(f"expected 1024 to {MAX_MESSAGE_SIZE_LIMIT} bytes"
+                         f" ({MAX_MESSAGE_SIZE_LIMIT >> 20} MiB): a larger message would not fit"
+                         " a 64 MiB peer frame once the sidecar base64-encodes it for Mosquitto")
+    return value
+
+
 def _non_negative(value: int) -> int:
     if value < 0:
         raise ValueError("expected 0 or a number above 0")
@@ -119,6 +129,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "external_auth": Key(str, "auto", _tristate, "another authentication provider exists"),
         "external_acl": Key(str, "auto", _tristate, "another ACL provider exists"),
         "link_timeout": Key(float, 10.0, _positive, "seconds to wait for the local link"),
+        "message_size_limit": Key(int, DEFAULT_MESSAGE_SIZE_LIMIT, _message_size_limit,
+                                  "largest payload a client may publish, in bytes (the same"
+                                  " on every node); larger ones are refused at the edge"),
     },
     "grpc": {
         "listen": Key(str, "127.0.0.1:7001", _address, "peer gRPC listener"),

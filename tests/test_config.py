@@ -47,6 +47,10 @@ def test_defaults_and_required_id():
     ({"node": {"id": "n1"}, "membership": {"etcd": ["10.0.0.5:2379"], "etcd_user": "u",
                                            "etcd_password": "p"}},
      "would send the etcd password in plaintext"),
+    ({"node": {"id": "n1"}, "mqtt": {"message_size_limit": 100}},
+     "mqtt.message_size_limit: expected 1024 to 41943040 bytes"),
+    ({"node": {"id": "n1"}, "mqtt": {"message_size_limit": 70 << 20}},
+     "would not fit a 64 MiB peer frame"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):

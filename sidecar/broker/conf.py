@@ -22,6 +22,22 @@ EVENT_BATCH = 100
 """Plugin events per message to the sidecar at most, when they wait (a burst of subscriptions):
 one MQTT message to decode and acknowledge instead of one per event."""
 MAX_FORWARD_WINDOW = 16_384
+HEADERS_MAX = 1 << 20
+"""Topic and properties of a client's message at most (the plugin's MQFED_HEADERS_MAX)."""
+DEFAULT_MESSAGE_SIZE_LIMIT = 16 << 20
+"""Default of `mqtt.message_size_limit`: the largest payload a client may publish."""
+MAX_MESSAGE_SIZE_LIMIT = 40 << 20
+"""The largest `mqtt.message_size_limit`: any packet Mosquitto accepts (`max_packet_size_for`
+of it, a will included) still fits a peer frame (64 MiB) with a 1 MiB batch beside it."""
+
+
+def max_packet_size_for(limit: int) -> int:
+    """Mosquitto's `max_packet_size` for a client message size limit: room for the sidecar's
+    `deliver` command of the largest message a client may send (its payload base64-encoded,
+    4/3, and its topic and properties JSON-escaped, at most 6 times HEADERS_MAX) and 1 MiB
+    more. Any larger packet is refused by Mosquitto before it is read (MQTT v5: DISCONNECT
+    0x95); a client message between the limit and this is refused by the plugin."""
+    return -(-limit * 4 // 3) + 6 * HEADERS_MAX + (1 << 20)
 
 
 def forward_receive_maximum(max_queued: int) -> int:
@@ -89,6 +105,10 @@ def read_user_settings(path: Path) -> UserSettings:
         if key in ("include_dir",):
             raise _refuse(path, lineno, line, "include_dir cannot be checked by mqfed; put the "
                           "settings in the included file itself")
+        if key in ("message_size_limit", "max_packet_size"):
+            raise _refuse(path, lineno, line, "mqfed sets the message size limit on every "
+                          "node alike: set mqtt.message_size_limit in the node's config "
+                          "instead (Mosquitto's max_packet_size is derived from it)")
         if key == "plugin" and args and "mqfed" in Path(args[0]).name:
             raise _refuse(path, lineno, line, "mqfed loads its own plugin first; remove the line")
         if key == "plugin" or key in AUTH_KEYS:
@@ -131,6 +151,7 @@ class BrokerConfig:
     external_acl: str = "auto"
     sidecar_id: str = "mqfed-sidecar"
     fwd_backlog_max: int = 0
+    message_size_limit: int = DEFAULT_MESSAGE_SIZE_LIMIT
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -146,6 +167,8 @@ def render(cfg: BrokerConfig) -> str:
         f"plugin {cfg.plugin_path}",
         f"plugin_opt_sidecar_id {cfg.sidecar_id}",
         f"plugin_opt_sidecar_secret {cfg.secret}",
+        f"plugin_opt_sidecar_socket {cfg.socket_path}",
+        f"plugin_opt_message_size_limit {cfg.message_size_limit}",
         f"plugin_opt_auth {'defer' if auth else 'grant'}",
         f"plugin_opt_acl {'defer' if acl else 'grant'}",
         f"plugin_opt_event_batch {EVENT_BATCH}",
@@ -159,6 +182,7 @@ def render(cfg: BrokerConfig) -> str:
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):
         out.append(f"max_queued_messages {DEFAULT_MAX_QUEUED}")
+    out.append(f"max_packet_size {max_packet_size_for(cfg.message_size_limit)}")
     if not (user and user.sets_log_dest):
         out += ["log_dest stderr", "log_type error", "log_type warning", "log_type notice"]
     if user is not None:

@@ -45,7 +45,14 @@ log = logging.getLogger("mqfed.link")
 REPLY_TOPIC = REPLY_PREFIX + "sidecar"
 SENTINEL_TOPIC = "$mqfed/read-sentinel"
 """A retained message the link keeps on its Mosquitto: it marks the end of a `read_retained`
-answer (`$` topics are not matched by wildcards; Mosquitto drops client publishes to `$SYS`)."""
+answer (`$` topics are not matched by wildcards; the plugin reserves `$mqfed/` for the sidecar:
+no other client may publish, subscribe or receive there)."""
+SENTINEL_REPAIR_AFTER = 1.0
+"""Seconds a retained read waits for the sentinel before it puts the sentinel back and asks
+for it again (it is gone: deleted, or expired, or lost with a restarted Mosquitto)."""
+READ_TIMEOUT = 4.0
+"""Seconds a retained read waits at most (below its callers' own timeouts, so that the repair
+runs and the read fails with this link's message rather than theirs)."""
 
 
 class LinkError(RuntimeError):
@@ -207,12 +214,16 @@ class LocalLink:
 
     # ---- asyncio thread ----------------------------------------------------------------
     async def read_retained(self, topics: list[str],
-                            timeout: float = 5.0) -> dict[str, mqtt.MQTTMessage]:
+                            timeout: float = READ_TIMEOUT) -> dict[str, mqtt.MQTTMessage]:
         """Mosquitto's retained message of each topic that has one. One SUBSCRIBE (QoS 0, a
         subscription identifier of its own) to the topics and then to the sentinel, a retained
         message this link keeps on `SENTINEL_TOPIC`: Mosquitto queues the retained messages in
         filter order and sends them in order, so the sentinel's arrival (with that identifier)
-        means all have arrived. Then unsubscribe."""
+        means all have arrived. Then unsubscribe.
+
+        Repairs itself: without the sentinel after `SENTINEL_REPAIR_AFTER`, it publishes the
+        sentinel again and subscribes to it again; Mosquitto handles both after the first
+        SUBSCRIBE, so the new sentinel still comes after every answer to it."""
         async with self._read_lock:
             assert self._loop is not None
             self._read_id = self._read_id % 0xFFFFFFF + 1
@@ -224,23 +235,32 @@ class LocalLink:
             props.SubscriptionIdentifier = self._read_id
             filters = [*topics, SENTINEL_TOPIC]
             try:
-                with self._lock:  # (the SUBACK may come before subscribe() returns)
-                    rc, mid = self._client.subscribe(
-                        [(t, SubscribeOptions(qos=0)) for t in filters], properties=props)
-                    self._subscribing[mid] = filters
-                if rc != mqtt.MQTT_ERR_SUCCESS:
-                    raise LinkError(f"cannot read retained messages: {mqtt.error_string(rc)}")
-                try:
-                    await asyncio.wait_for(done, timeout)
-                except TimeoutError:
-                    self._publish_sentinel()  # a client may have deleted it
-                    raise
+                self._subscribe_read(filters, props)
+                repair_after = min(SENTINEL_REPAIR_AFTER, timeout / 2)
+                await asyncio.wait({done}, timeout=repair_after)
+                if not done.done():
+                    self._publish_sentinel()
+                    self._subscribe_read([SENTINEL_TOPIC], props)
+                    await asyncio.wait({done}, timeout=timeout - repair_after)
+                if not done.done():
+                    raise LinkError(f"Mosquitto did not answer a read of {len(topics)} retained "
+                                    f"topic(s) within {timeout:.0f}s (its read sentinel "
+                                    f"{SENTINEL_TOPIC} was published again)")
+                done.result()  # a refused subscription raises here
             finally:
                 with self._lock:
                     self._reading = None
                 self._client.unsubscribe(filters)
             got.pop(SENTINEL_TOPIC, None)
             return got
+
+    def _subscribe_read(self, filters: list[str], props: Properties) -> None:
+        with self._lock:  # (the SUBACK may come before subscribe() returns)
+            rc, mid = self._client.subscribe(
+                [(t, SubscribeOptions(qos=0)) for t in filters], properties=props)
+            self._subscribing[mid] = filters
+        if rc != mqtt.MQTT_ERR_SUCCESS:
+            raise LinkError(f"cannot read retained messages: {mqtt.error_string(rc)}")
 
     def _publish_sentinel(self) -> None:
         self._client.publish(SENTINEL_TOPIC, b"1", qos=1, retain=True)

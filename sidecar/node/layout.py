@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sidecar.broker import conf as broker_conf
 from sidecar.config import NodeConfig
+from sidecar.local.protocol import sidecar_client_id
 from sidecar.private_files import make_traversable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -136,4 +137,5 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
         include_path=include, external_auth=mqtt["external_auth"],
         external_acl=mqtt["external_acl"], fwd_backlog_max=config["overload"]["backlog_max"],
+        sidecar_id=sidecar_client_id(secret), message_size_limit=mqtt["message_size_limit"],
     ))

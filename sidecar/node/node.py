@@ -27,7 +27,7 @@ from sidecar.local.event_stream import EventStream
 from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.link import LocalLink
-from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.local.protocol import DEFAULT_SIDECAR_ID, sidecar_client_id
 from sidecar.membership.etcd import EtcdMembership
 from sidecar.membership.etcd_access import EtcdAccessError, load_etcd_access
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
@@ -251,7 +251,7 @@ class Node:
         window = broker_conf.forward_receive_maximum(max_queued)
 
         def forward_client(**callbacks) -> ForwardClient:
-            return ForwardClient(socket_path, secret, DEFAULT_SIDECAR_ID + ".fwd",
+            return ForwardClient(socket_path, secret, sidecar_client_id(secret) + ".fwd",
                                  receive_maximum=window, max_queued=max_queued, **callbacks)
 
         return RoutingService(hello=hello, listen=cfg["grpc"]["listen"],

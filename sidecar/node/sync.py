@@ -35,7 +35,7 @@ from sidecar.local.events import (
 from sidecar.local.forward_client import PROBE_TOPIC
 from sidecar.local.link import LinkError, LocalLink
 from sidecar.local.pressure import Report
-from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.local.protocol import sidecar_client_id
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.table import InterestChange, SubscriptionTable
 
@@ -68,7 +68,8 @@ class PluginSync:
     async def connect(self, secret: str, timeout: float) -> Snapshot:
         """Link to the plugin; returns its first snapshot (a missing plugin fails here)."""
         self.link = LocalLink(
-            self.socket_path, secret, on_events=self._on_events,
+            self.socket_path, secret, client_id=sidecar_client_id(secret),
+            on_events=self._on_events,
             on_reconnect=lambda: self._run(self.stream.on_link_reconnected()),
             on_protocol_error=self.on_fatal,
         )
@@ -176,7 +177,7 @@ class PluginSync:
         """A probe to the forwarding client carrying `token` (a barrier, see
         `RoutingService.settle_to`); raises when the plugin refuses or does not answer."""
         assert self.link is not None
-        await self.link.request("deliver", client=DEFAULT_SIDECAR_ID + ".fwd",
+        await self.link.request("deliver", client=self.link.client_id + ".fwd",
                                 topic=PROBE_TOPIC, payload=token, qos=1)
 
     async def _probe(self) -> None:

@@ -46,7 +46,7 @@ from sidecar.retained.sqlite import SqliteRetainedStore
 log = logging.getLogger("mqfed.retained")
 
 READ_BATCH = 200  # with the plugin's event window (500), below a stock max_queued_messages (1000)
-READ_TIMEOUT = 5.0
+READ_TIMEOUT = 5.0  # above the link's own (sidecar.local.link.READ_TIMEOUT), which repairs
 CONFIRM_TIMEOUT = 10.0  # a re-injection unconfirmed this long (lost with a connection) counts
 TICK = 0.2
 PRIVATE_PREFIX = "$mqfed/"

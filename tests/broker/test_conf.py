@@ -6,7 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.broker.conf import BrokerConfig, BrokerConfigError, read_user_settings, render
+from sidecar.broker.conf import (
+    DEFAULT_MESSAGE_SIZE_LIMIT,
+    HEADERS_MAX,
+    MAX_MESSAGE_SIZE_LIMIT,
+    BrokerConfig,
+    BrokerConfigError,
+    max_packet_size_for,
+    read_user_settings,
+    render,
+)
+from sidecar.local.protocol import sidecar_client_id
 
 
 def _cfg(**kw) -> BrokerConfig:
@@ -58,6 +68,8 @@ def test_acl_and_other_plugins_defer(tmp_path: Path):
     ("persistence true", "persistence false"),
     ("include_dir /etc/mosquitto/conf.d", "include_dir"),
     ("plugin /opt/mqfed_plugin.so", "loads its own plugin"),
+    ("message_size_limit 1000", "set mqtt.message_size_limit"),
+    ("max_packet_size 1000", "set mqtt.message_size_limit"),
 ])
 def test_conflicting_user_settings_refused(tmp_path: Path, line: str, message: str):
     user = tmp_path / "user.conf"
@@ -77,3 +89,25 @@ def test_queue_limit_raised_unless_the_user_sets_one(tmp_path: Path):
     user.write_text("max_queued_messages 500\n")
     lines = render(_cfg(user=read_user_settings(user), include_path=user)).splitlines()
     assert "max_queued_messages 500" in lines and "max_queued_messages 10000" not in lines
+
+
+def test_size_limit_identity_and_private_socket_reach_the_plugin():
+    lines = render(_cfg(sidecar_id=sidecar_client_id("s3"))).splitlines()
+    assert f"plugin_opt_message_size_limit {DEFAULT_MESSAGE_SIZE_LIMIT}" in lines
+    assert f"max_packet_size {max_packet_size_for(DEFAULT_MESSAGE_SIZE_LIMIT)}" in lines
+    assert "plugin_opt_sidecar_socket /r/mosquitto.sock" in lines
+    assert f"plugin_opt_sidecar_id {sidecar_client_id('s3')}" in lines
+
+
+def test_packet_limit_leaves_room_for_the_sidecar_and_fits_a_peer_frame():
+    for limit in (1024, DEFAULT_MESSAGE_SIZE_LIMIT, MAX_MESSAGE_SIZE_LIMIT):
+        packet = max_packet_size_for(limit)
+        # the sidecar's deliver of the largest message: base64 payload, escaped headers
+        assert packet >= -(-limit * 4 // 3) + 6 * HEADERS_MAX
+        assert packet + (1 << 20) < 64 << 20  # with a 1 MiB batch beside it
+
+
+def test_sidecar_id_is_derived_from_the_secret():
+    one, two = sidecar_client_id("secret-1"), sidecar_client_id("secret-2")
+    assert one == sidecar_client_id("secret-1") and one != two
+    assert one.startswith("mqfed-sidecar-") and len(one) == len("mqfed-sidecar-") + 16

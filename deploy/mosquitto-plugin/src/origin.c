@@ -195,7 +195,7 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 	e = calloc(1, sizeof(*e));
 	if(e == NULL) return; /* fail open: routed as before */
 	e->fp = fp;
-	e->born_ms = now_ms();
+	e->born_ms = mono_ms();
 	HASH_ADD_PTR(fwd_q2, fp.topic, e);
 }
 
@@ -284,7 +284,7 @@ void origin_fwd_disconnect(struct mosquitto *client)
 
 void origin_tick(void)
 {
-	int64_t now = now_ms();
+	int64_t now = mono_ms();
 
 	if(sidecar_fwd_conn() == NULL && fwd_drop_at != 0 && time(NULL) >= fwd_drop_at){
 		q2_forget_all();

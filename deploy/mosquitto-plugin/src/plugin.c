@@ -2,6 +2,7 @@
  * The only module that wires the others to Mosquitto (util.h lists them, lowest first).
  * Contract: docs/plugin-protocol.md. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,10 +20,17 @@
 #define MQFED_VERSION "0.1.0"
 #define MQFED_CONTROL_TOPIC "$CONTROL/mqfed/v1"
 #define MQFED_SIDECAR_USER "mqfed-sidecar"
+/* A client's message: topic and forwarded properties at most this (with message_size_limit):
+ * what the sidecar's `deliver` command carries of them, JSON-escaped, must fit Mosquitto's
+ * max_packet_size along with the base64 payload (docs/plugin-protocol.md, "Message size"). */
+#define MQFED_HEADERS_MAX (1u << 20)
+/* Refusals of the same kind are logged at most once per this period, with a count. */
+#define MQFED_REFUSAL_LOG_MS 10000
 
 /* Options of the other modules, handed to their init. */
 struct module_opts {
 	const char *sidecar_id;
+	const char *sidecar_socket;
 	uint64_t window;
 	uint64_t batch;           /* event_batch */
 	uint64_t buf_max_events;
@@ -40,9 +48,26 @@ static char *secret;
 static bool auth_grant;
 static bool acl_grant;
 static long heartbeat_ms;
+static uint64_t size_limit;    /* message_size_limit: largest client payload; 0 = none */
 
 /* our own ACL check asked again while it runs (later_verdict) */
 static bool nested;
+
+/* rate-limited warnings: refused uses of the sidecar's identity, messages over the limit */
+static struct ratelog identity_log;
+static struct ratelog impostor_log;
+static struct ratelog oversize_log;
+
+/* " (N more held back)" after a rate-limited line, or "" */
+static const char *held_note(char *buf, size_t size, uint64_t held)
+{
+	buf[0] = '\0';
+	if(held > 0){
+		snprintf(buf, size, " (%llu more like it in the last %d s)", (unsigned long long)held,
+				MQFED_REFUSAL_LOG_MS / 1000);
+	}
+	return buf;
+}
 
 /* timers */
 static int64_t last_heartbeat_ms;
@@ -52,7 +77,8 @@ static time_t last_expiry_check;
  * still loads; used only to tell the subscribe ACL re-check of a kick (client state no longer
  * "active") from a real SUBSCRIBE packet (handle_subscribe.c requires state active). */
 extern int mosquitto__get_state(struct mosquitto *mosq) __attribute__((weak));
-#define MOSQ_CS_ACTIVE 3 /* enum mosquitto_client_state in lib/mosquitto_internal.h */
+#define MOSQ_CS_NEW 0 /* enum mosquitto_client_state in lib/mosquitto_internal.h */
+#define MOSQ_CS_ACTIVE 3
 #define MOSQ_CS_DISCONNECTED 7 /* an offline session (context.c, context__disconnect) */
 
 /* The broker's full ACL chain (security.c), exported but not in the public headers. Weak: without
@@ -101,6 +127,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	acl_grant = true;
 	heartbeat_ms = 1000;
 	mo->sidecar_id = NULL;
+	mo->sidecar_socket = NULL;
+	size_limit = 0;
 	mo->window = 500;
 	mo->batch = 1;
 	mo->buf_max_events = 1000000;
@@ -119,6 +147,15 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			secret = strdup(val);
 		}else if(streq(k, "sidecar_id")){
 			mo->sidecar_id = val;
+		}else if(streq(k, "sidecar_socket")){
+			if(val[0] != '/'){
+				mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_sidecar_socket must be "
+						"the absolute path of the private unix-socket listener, not '%s'", val);
+				return -1;
+			}
+			mo->sidecar_socket = val;
+		}else if(streq(k, "message_size_limit")){
+			if(parse_u64(k, val, 0, 268435455, &size_limit)) return -1;
 		}else if(streq(k, "auth")){
 			if(parse_mode(k, val, &auth_grant)) return -1;
 		}else if(streq(k, "acl")){
@@ -183,31 +220,97 @@ static bool secret_ok(const char *password)
 	return diff == 0 && a == b;
 }
 
-/* The sidecar for ACL purposes. Besides its live connection, Mosquitto also checks on behalf of
- * the sidecar's OFFLINE session (queueing cluster messages for it while it restarts) and, with
- * check_retain_source, on a stack copy of the original publisher of a retained message. Those are
- * not live connections (state not "active") and carry the sidecar's client id and username, which
- * no other connection can get: BASIC_AUTH and EXT_AUTH_START refuse them without the secret. */
+/* Not a live connection but a session Mosquitto checks on behalf of: an offline session
+ * (state "disconnected"), or check_retain_source's zeroed stack copy of the publisher of a
+ * retained message (state "new", no address; retain.c). A connecting client is "new" too, but
+ * has an address. */
+static bool session_only(struct mosquitto *client)
+{
+	int state;
+
+	if(mosquitto__get_state == NULL) return false;
+	state = mosquitto__get_state(client);
+	return state == MOSQ_CS_DISCONNECTED
+		|| (state == MOSQ_CS_NEW && mosquitto_client_address(client) == NULL);
+}
+
+/* The sidecar for ACL purposes: its live connections, which proved its identity (the secret,
+ * on the private socket; sidecar.c vouches for them until their DISCONNECT), and the sessions
+ * Mosquitto checks on their behalf: the OFFLINE session of one (queueing cluster messages
+ * while it restarts) and, with check_retain_source, the copy of the publisher of a retained
+ * message it published. Those carry its client id and username; a session an impostor left
+ * queues at most what is checked again, and denied, when a connection takes it over. */
 static bool is_sidecar(struct mosquitto *client)
 {
+	const char *id;
+
 	if(client == NULL) return false;
 	if(client == sidecar_conn() || client == sidecar_fwd_conn()) return true;
-	if(mosquitto__get_state == NULL || mosquitto__get_state(client) == MOSQ_CS_ACTIVE) return false;
-	return is_sidecar_id(mosquitto_client_id(client))
-		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
+	id = mosquitto_client_id(client);
+	if(!is_sidecar_id(id)) return false;
+	if(sidecar_vouched(client)) return true; /* e.g. one being replaced by a newer one */
+	return session_only(client) && streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
 }
 
 /* A shadow (sessions.md): the sidecar acting as client C to make, drain or delete C's
- * session here. Its username is the sidecar's, which only the secret obtains (BASIC_AUTH) and
- * which enhanced authentication cannot claim; also true of the offline session it leaves. */
+ * session here. Its username is the sidecar's and it proved the secret on the private
+ * socket; also true of the offline session it leaves. */
 static bool is_shadow(struct mosquitto *client)
 {
 	const char *id;
 
 	if(client == NULL || client == sidecar_conn() || client == sidecar_fwd_conn()) return false;
 	id = mosquitto_client_id(client);
-	return id != NULL && !is_sidecar_id(id)
-		&& streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
+	if(id == NULL || is_reserved_id(id)
+			|| !streq(mosquitto_client_username(client), MQFED_SIDECAR_USER)){
+		return false;
+	}
+	return sidecar_vouched(client) || session_only(client);
+}
+
+/* Given neither is_sidecar nor is_shadow: a client using the sidecar's client id (or another
+ * reserved one, is_reserved_id) or username without having proven it. Mosquitto asks no
+ * plugin before such a connect on a listener with use_identity_as_username /
+ * use_subject_as_username (TLS certificate, PSK identity), and another auth plugin may grant
+ * it: every ACL check is its first chance to be stopped. */
+static bool is_impostor(struct mosquitto *client)
+{
+	return is_reserved_id(mosquitto_client_id(client))
+		|| streq(mosquitto_client_username(client), MQFED_SIDECAR_USER);
+}
+
+/* An impostor gets nothing: READ and the checks for a session are denied; any packet of its
+ * own (PUBLISH, SUBSCRIBE, UNSUBSCRIBE) disconnects it (an error other than "denied": the
+ * broker closes the connection, "not authorised"). */
+static int refuse_impostor(const struct mosquitto_evt_acl_check *ed)
+{
+	uint64_t held;
+	char note[80];
+	bool live = !session_only(ed->client);
+
+	if(!live || ed->access == MOSQ_ACL_READ) return MOSQ_ERR_ACL_DENIED;
+	if(ratelog_due(&impostor_log, MQFED_REFUSAL_LOG_MS, &held)){
+		mosquitto_log_printf(MOSQ_LOG_WARNING,
+				"mqfed: disconnected client '%s' (username '%s', from %s): it uses the "
+				"sidecar's client id or username without having proven it (only the secret on "
+				"the private unix socket does; a TLS identity, PSK identity or another plugin "
+				"authenticated it)%s",
+				mosquitto_client_id(ed->client), mosquitto_client_username(ed->client),
+				mosquitto_client_address(ed->client), held_note(note, sizeof(note), held));
+	}
+	return MOSQ_ERR_AUTH;
+}
+
+/* The topics the sidecar uses (docs/plugin-protocol.md, "Reserved topics"): events, replies,
+ * probes and drain markers under $SYS/broker/mqfed, commands and barriers under
+ * $CONTROL/mqfed, the retained read sentinel under $mqfed. No other client may publish or
+ * receive there, nor subscribe to a filter inside them. Wider filters (`$SYS/#`) match
+ * $SYS/broker/mqfed/… and are allowed; their READ checks are denied. No wider filter matches
+ * $mqfed/… or $CONTROL/…: a wildcard at the first level never matches a `$` topic. */
+static bool reserved(const char *topic)
+{
+	return topic_in_subtree(topic, "$mqfed") || topic_in_subtree(topic, "$SYS/broker/mqfed")
+		|| topic_in_subtree(topic, "$CONTROL/mqfed");
 }
 
 /* The forwarding connection or its offline session (given is_sidecar). */
@@ -315,10 +418,15 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		if(is_fwd(ed->client)) on_fwd_acl(ed);
 		return MOSQ_ERR_SUCCESS;
 	}
-	if(ed->topic == NULL) return pass;
 	/* a shadow makes the subscriptions its client had on another node, where they were
 	 * checked; its session's queued messages are the client's: granted, and reported */
 	shadow = is_shadow(ed->client);
+	if(!shadow && is_impostor(ed->client)) return refuse_impostor(ed);
+	if(ed->topic == NULL) return pass;
+	if(ed->access != MOSQ_ACL_UNSUBSCRIBE && reserved(ed->access == MOSQ_ACL_SUBSCRIBE
+				? strip_share(ed->topic) : ed->topic)){
+		return MOSQ_ERR_ACL_DENIED;
+	}
 	if(ed->access == MOSQ_ACL_READ && mosquitto__get_state
 			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
 			&& hold_refuses(mosquitto_client_id(ed->client), ed->topic, ed->payload,
@@ -334,23 +442,42 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 
 	switch(ed->access){
 		case MOSQ_ACL_SUBSCRIBE:
-			if(topic_in_subtree(strip_share(ed->topic), "$SYS/broker/mqfed")){
-				return MOSQ_ERR_ACL_DENIED;
-			}
-			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access, shadow);
-			return pass;
 		case MOSQ_ACL_UNSUBSCRIBE:
 			on_sub_acl(ed->client, ed->topic, ed->qos, ed->access, shadow);
-			return pass;
-		case MOSQ_ACL_READ:
-			if(topic_in_subtree(ed->topic, "$SYS/broker/mqfed")) return MOSQ_ERR_ACL_DENIED;
-			return pass;
-		case MOSQ_ACL_WRITE:
-			if(topic_in_subtree(ed->topic, "$CONTROL/mqfed")) return MOSQ_ERR_ACL_DENIED;
 			return pass;
 		default:
 			return pass;
 	}
+}
+
+/* A refused use of the sidecar's identity at connect: logged at most once per period, with
+ * the count of those held back (a client retrying in a loop writes one line, not thousands). */
+static void log_refused_identity(const char *id, const char *username, const char *why)
+{
+	uint64_t held;
+	char note[80];
+
+	if(!ratelog_due(&identity_log, MQFED_REFUSAL_LOG_MS, &held)) return;
+	mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: refused client '%s' (username '%s'): %s%s",
+			id ? id : "", username ? username : "", why, held_note(note, sizeof(note), held));
+}
+
+/* Whether the sidecar's credentials came with this connect, on the private socket; logs why
+ * not. */
+static bool proves_sidecar(struct mosquitto *client, const char *id, const char *username,
+		const char *password, bool by_id)
+{
+	if(!streq(username, MQFED_SIDECAR_USER) || !secret_ok(password)){
+		log_refused_identity(id, username, by_id ? "it uses the sidecar's client id without "
+				"its credentials" : "it uses the sidecar's username without its secret");
+		return false;
+	}
+	if(!sidecar_private(client)){
+		log_refused_identity(id, username, "the sidecar's credentials are accepted only on "
+				"its private unix-socket listener");
+		return false;
+	}
+	return true;
 }
 
 static int on_basic_auth(int event, void *event_data, void *userdata)
@@ -367,13 +494,11 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		return auth_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	}
 	if(is_sidecar_id(id)){
-		if(!streq(ed->username, MQFED_SIDECAR_USER) || !secret_ok(ed->password)){
-			mosquitto_log_printf(MOSQ_LOG_WARNING,
-					"mqfed: refused a connection using the sidecar's client id '%s' without its "
-					"credentials", id);
+		if(!proves_sidecar(client, id, ed->username, ed->password, true)){
 			emit_connect_rejected(id, ed->username, "auth");
 			return MOSQ_ERR_AUTH;
 		}
+		sidecar_vouch(client);
 		if(streq(id, sidecar_fwd_id())){
 			sidecar_set_fwd_conn(client);
 			origin_fwd_auth(client);
@@ -387,15 +512,19 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(is_reserved_id(id)){
+		log_refused_identity(id, ed->username, "client ids beginning with 'mqfed-sidecar' are "
+				"reserved for the sidecar");
+		emit_connect_rejected(id, ed->username, "auth");
+		return MOSQ_ERR_AUTH;
+	}
 	if(streq(ed->username, MQFED_SIDECAR_USER)){
 		/* a shadow: the sidecar acting as this client (is_shadow); never on the deny list */
-		if(!secret_ok(ed->password)){
-			mosquitto_log_printf(MOSQ_LOG_WARNING,
-					"mqfed: refused client '%s' using the sidecar's username without its "
-					"secret", id);
+		if(!proves_sidecar(client, id, ed->username, ed->password, false)){
 			emit_connect_rejected(id, ed->username, "auth");
 			return MOSQ_ERR_AUTH;
 		}
+		sidecar_vouch(client);
 		pending_add(client, id, ed->username);
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -423,14 +552,50 @@ static int on_ext_auth_start(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_event();
-	if(is_sidecar_id(id) || streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
-		mosquitto_log_printf(MOSQ_LOG_WARNING,
-				"mqfed: refused enhanced authentication using the sidecar's client id or "
-				"username ('%s')", id);
+	if(is_reserved_id(id) || streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
+		log_refused_identity(id, mosquitto_client_username(ed->client), "enhanced "
+				"authentication cannot claim the sidecar's client id or username");
 		emit_connect_rejected(id, mosquitto_client_username(ed->client), "auth");
 		return MOSQ_ERR_AUTH;
 	}
 	return MOSQ_ERR_PLUGIN_DEFER;
+}
+
+/* Over the size limit: the payload beyond message_size_limit, or topic and properties beyond
+ * MQFED_HEADERS_MAX (the properties are measured only when the payload fits). */
+static bool oversize(const struct mosquitto_evt_message *ed)
+{
+	size_t headers;
+
+	if(ed->payloadlen > size_limit) return true;
+	headers = ed->topic ? strlen(ed->topic) : 0;
+	if(ed->properties) headers += properties_size(ed->properties);
+	return headers > MQFED_HEADERS_MAX;
+}
+
+/* Refuse a client's message over the limit before Mosquitto stores or acknowledges it.
+ * MQTT v5: "denied", so the client gets PUBACK/PUBREC 0x87 for it and stays connected. MQTT
+ * 3.1/3.1.1 has no negative acknowledgement (a PUBACK would say "delivered"): its publisher is
+ * disconnected instead. QoS 0 is dropped (nothing is acknowledged). */
+static int refuse_oversize(const struct mosquitto_evt_message *ed)
+{
+	bool v5 = mosquitto_client_protocol_version(ed->client) == 5;
+	uint64_t held;
+	char note[80];
+
+	if(ratelog_due(&oversize_log, MQFED_REFUSAL_LOG_MS, &held)){
+		mosquitto_log_printf(MOSQ_LOG_WARNING,
+				"mqfed: refused a %u-byte message on '%s' from client '%s' (QoS %d, retain %d): "
+				"over the cluster's message size limit (%llu bytes of payload, %u of topic and "
+				"properties; mqtt.message_size_limit); %s%s",
+				(unsigned)ed->payloadlen, ed->topic ? ed->topic : "",
+				mosquitto_client_id(ed->client), ed->qos, ed->retain,
+				(unsigned long long)size_limit, MQFED_HEADERS_MAX,
+				ed->qos == 0 ? "dropped" : v5 ? "it gets reason code 0x87"
+				: "disconnected it (MQTT 3 cannot refuse a message)",
+				held_note(note, sizeof(note), held));
+	}
+	return (v5 || ed->qos == 0) ? MOSQ_ERR_ACL_DENIED : MOSQ_ERR_PAYLOAD_SIZE;
 }
 
 static int on_message(int event, void *event_data, void *userdata)
@@ -444,6 +609,10 @@ static int on_message(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	origin_on_message(ed);
+	if(size_limit > 0 && ed->client != sidecar && ed->client != fwd && !is_sidecar(ed->client)
+			&& oversize(ed)){
+		return refuse_oversize(ed);
+	}
 	if(ed->qos > 0 && ed->client != sidecar && ed->client != fwd && !is_sidecar(ed->client)
 			&& shed_publish(ed->client, ed->topic, ed->qos)){
 		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
@@ -518,8 +687,8 @@ static int on_tick(int event, void *event_data, void *userdata)
 		model_expire_sessions(now);
 	}
 	if(sidecar_conn()){
-		ms = now_ms();
-		if(ms - last_heartbeat_ms >= heartbeat_ms || ms < last_heartbeat_ms){
+		ms = mono_ms();
+		if(ms - last_heartbeat_ms >= heartbeat_ms){
 			last_heartbeat_ms = ms;
 			emit_heartbeat();
 		}
@@ -537,6 +706,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	(void)userdata;
 	origin_event();
 	if(ed->client == NULL) return MOSQ_ERR_SUCCESS;
+	sidecar_unvouch(ed->client);
 	if(ed->client == sidecar_conn()){
 		sidecar_set_conn(NULL);
 		ev_stop_publishing();
@@ -578,6 +748,10 @@ static void free_all(void)
 	pid = NULL;
 	auth_grant = acl_grant = nested = false;
 	heartbeat_ms = 0;
+	size_limit = 0;
+	memset(&identity_log, 0, sizeof(identity_log));
+	memset(&impostor_log, 0, sizeof(impostor_log));
+	memset(&oversize_log, 0, sizeof(oversize_log));
 	last_heartbeat_ms = 0;
 	last_expiry_check = 0;
 }
@@ -603,7 +777,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	free_all(); /* from a clean state, as after a cleanup */
 	pid = identifier;
 	*userdata = NULL;
-	if(parse_options(options, option_count, &mo) || sidecar_init(mo.sidecar_id)
+	if(parse_options(options, option_count, &mo) || sidecar_init(mo.sidecar_id, mo.sidecar_socket)
 			|| events_init(mo.window, mo.buf_max_events, mo.buf_max_bytes, mo.batch)){
 		free_all();
 		return MOSQ_ERR_INVAL;
@@ -627,9 +801,11 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 		return rc;
 	}
 	mosquitto_log_printf(MOSQ_LOG_NOTICE,
-			"mqfed plugin %s loaded (protocol v1, epoch %s, sidecar id '%s', auth %s, acl %s)",
-			MQFED_VERSION, ev_epoch(), sidecar_id(), auth_grant ? "grant" : "defer",
-			acl_grant ? "grant" : "defer");
+			"mqfed plugin %s loaded (protocol v1, epoch %s, sidecar id '%s', private socket %s, "
+			"auth %s, acl %s, message size limit %llu)", MQFED_VERSION, ev_epoch(), sidecar_id(),
+			sidecar_socket() ? sidecar_socket() : "any unix socket",
+			auth_grant ? "grant" : "defer", acl_grant ? "grant" : "defer",
+			(unsigned long long)size_limit);
 	if(mosquitto__get_state == NULL){
 		mosquitto_log_printf(MOSQ_LOG_WARNING,
 				"mqfed: mosquitto__get_state() not exported by this broker: subscribe ACL "

@@ -39,7 +39,9 @@ static uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidec
 static uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
 static uint64_t fwd_reported_unacked;
 static uint64_t fwd_taken_seen;   /* the sidecar's running count of copies taken, last reported */
-static int64_t shed_until_ms;     /* the sidecar's lease: shed while now_ms() < this */
+/* the sidecar's lease: shed while mono_ms() < this (monotonic: a step of the wall clock
+ * neither ends nor prolongs it) */
+static int64_t shed_until_ms;
 static uint64_t shed_total;       /* publishers disconnected */
 static int64_t shed_logged_ms;
 
@@ -92,7 +94,7 @@ void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms)
 	fwd_taken_seen = taken;
 	fwd_since_report = 0;
 	fwd_reported_unacked = unacked;
-	shed_until_ms = lease_ms > 0 ? now_ms() + lease_ms : 0;
+	shed_until_ms = lease_ms > 0 ? mono_ms() + lease_ms : 0;
 }
 
 void shed_fwd_connected(void)
@@ -108,7 +110,7 @@ uint64_t shed_backlog(void)
 
 bool shed_active(void)
 {
-	if(shed_until_ms != 0 && now_ms() < shed_until_ms) return true;
+	if(shed_until_ms != 0 && mono_ms() < shed_until_ms) return true;
 	return fwd_backlog_max > 0 && shed_backlog() >= fwd_backlog_max;
 }
 
@@ -130,7 +132,7 @@ bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos)
 	if(id == NULL) return false;
 	pending_resolve_conn(client); /* it published: its connect was accepted */
 	shed_total++;
-	now = now_ms();
+	now = mono_ms();
 	if(now - shed_logged_ms >= 1000){
 		shed_logged_ms = now;
 		mosquitto_log_printf(MOSQ_LOG_WARNING,

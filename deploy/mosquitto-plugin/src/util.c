@@ -4,12 +4,39 @@
 
 #include "util.h"
 
+/* Wall-clock time (event timestamps, session expiry as Mosquitto keeps it). */
 int64_t now_ms(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Monotonic time for durations (leases, ages, periods): a clock step does not move it. */
+int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Whether a rate-limited message may be logged now (at most one per `period_ms`); counts
+ * the ones held back, which the caller reports with the next line (*held, then reset). */
+bool ratelog_due(struct ratelog *r, int64_t period_ms, uint64_t *held)
+{
+	int64_t now = mono_ms();
+
+	if(r->logged && now - r->last_ms < period_ms){
+		r->held++;
+		return false;
+	}
+	*held = r->held;
+	r->held = 0;
+	r->last_ms = now;
+	r->logged = true;
+	return true;
 }
 
 char *xstrdup(const char *s)
@@ -232,6 +259,48 @@ cJSON *properties_to_json(const mosquitto_property *props)
 		}
 	}
 	return o;
+}
+
+/* What the properties the cluster forwards (user properties, content type, response topic,
+ * correlation data) take in bytes: their strings and data, plus their length prefixes. */
+size_t properties_size(const mosquitto_property *props)
+{
+	const mosquitto_property *p;
+	size_t n = 0;
+
+	for(p = props; p; p = mosquitto_property_next(p)){
+		int id = mosquitto_property_identifier(p);
+		char *s = NULL, *k = NULL;
+		void *bin = NULL;
+		uint16_t blen = 0;
+
+		switch(id){
+			case MQTT_PROP_USER_PROPERTY:
+				if(mosquitto_property_read_string_pair(p, id, &k, &s, false)){
+					n += 5 + strlen(k) + strlen(s);
+					mosquitto_free(k);
+					mosquitto_free(s);
+				}
+				break;
+			case MQTT_PROP_CONTENT_TYPE:
+			case MQTT_PROP_RESPONSE_TOPIC:
+				if(mosquitto_property_read_string(p, id, &s, false)){
+					n += 3 + strlen(s);
+					mosquitto_free(s);
+				}
+				break;
+			case MQTT_PROP_CORRELATION_DATA:
+				if(mosquitto_property_read_binary(p, id, &bin, &blen, false)){
+					n += 3 + (size_t)blen;
+					mosquitto_free(bin);
+				}
+				break;
+			default:
+				n += 5;
+				break;
+		}
+	}
+	return n;
 }
 
 static bool json_uint(const cJSON *j, double max, uint32_t *out)

@@ -24,7 +24,16 @@
 
 #include "uthash.h"
 
+/* One rate-limited kind of log line (ratelog_due). */
+struct ratelog {
+	int64_t last_ms;
+	uint64_t held;             /* lines held back since the last one logged */
+	bool logged;
+};
+
 int64_t now_ms(void);
+int64_t mono_ms(void);
+bool ratelog_due(struct ratelog *r, int64_t period_ms, uint64_t *held);
 char *xstrdup(const char *s);
 bool streq(const char *a, const char *b);
 char *b64_encode(const void *data, size_t len, size_t *out_len);
@@ -35,6 +44,7 @@ uint64_t hash_bytes(uint64_t h, const void *data, size_t len);
 void cjson_add_str_or_null(cJSON *o, const char *key, const char *v);
 void cjson_add_expiry(cJSON *o, const char *key, int64_t v);
 cJSON *properties_to_json(const mosquitto_property *props);
+size_t properties_size(const mosquitto_property *props);
 int properties_from_json(const cJSON *j, mosquitto_property **props);
 
 #endif

@@ -63,13 +63,21 @@ def test_ordinary_client_cannot_read_plugin_topics(broker, sidecar, client_facto
         "connect", "subscribe"]                                    # only the $SYS/# one
 
 
-def test_ordinary_client_cannot_drive_the_control_topic(broker, sidecar, client_factory):
+def test_ordinary_client_cannot_drive_the_control_topic(broker, sidecar, client_factory,
+                                                        clients):
     victim = client_factory("victim")
     victim.connect()
     sidecar.wait_type("connect", client="victim")
-    # even a client that claims the sidecar's username (but not its client id)
+    # the sidecar's username and secret are refused away from the private socket
+    with pytest.raises(ConnectFailed) as refused:
+        client_factory("attacker2", username=SIDECAR_USER, password=SECRET).connect()
+    assert refused.value.reason == 135
+    # an ordinary client, and a shadow (the sidecar's username and secret, on the private
+    # socket, another client id): neither drives the plugin
     for cid, user in [("attacker", None), ("attacker2", SIDECAR_USER)]:
-        att = client_factory(cid, username=user, password=SECRET if user else None)
+        att = clients(Client(cid, sock=broker.sock if user else None,
+                             port=None if user else broker.port, username=user,
+                             password=SECRET if user else None))
         att.connect()
         for cmd in [{"cmd": "kick", "client": "victim"},
                     {"cmd": "deny", "client": "later", "mode": "refuse"},
@@ -97,7 +105,10 @@ def test_sidecar_identity_requires_the_secret(broker, sidecar, clients):
     assert sidecar.call("stats")["ok"] is True
     rej = sidecar.wait_type("connect_rejected", client=SIDECAR_ID, count=5)
     assert all(r["reason"] == "auth" for r in rej)
-    assert "refused a connection using the sidecar's client id" in broker.log()
+    # five refusals in a row: one warning line (rate-limited), the count comes with the next
+    warnings = [line for line in broker.log().splitlines() if "mqfed: refused client" in line]
+    assert len(warnings) == 1 and "uses the sidecar's client id without its credentials" \
+        in warnings[0], warnings
 
 
 # ---- same decisions with and without the plugin -----------------------------------------

@@ -1,5 +1,6 @@
-"""One real 2-node cluster (`mqfed up --detach`: etcd, Mosquitto with the plugin, sidecars,
-random tokens) shared by the attack tests of a module; always brought down by PID."""
+"""Fixtures of the attack tests (issue 16): one real 2-node cluster (`mqfed up --detach`:
+etcd, Mosquitto with the plugin, sidecars, random tokens) shared by a module, always brought
+down by PID; and the plugin and node fixtures (a real Mosquitto with the mqfed plugin)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ import pytest
 
 from tests.system.admin.conftest import AdminCluster
 from tests.system.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.system.node.conftest import nodes  # noqa: F401 (fixture)
+from tests.system.plugin.conftest import (  # noqa: F401 (fixtures)
+    broker,
+    client_factory,
+    clients,
+    make_broker,
+    plugin_so,
+    sidecar,
+)
 
 
 @pytest.fixture(scope="module")
