@@ -16,6 +16,31 @@ NEVER = 0xFFFFFFFF
 clean session 0)."""
 
 
+NO_LOCAL = 0x04
+RETAIN_AS_PUBLISHED = 0x08
+
+
+class Subscription(NamedTuple):
+    """One subscription of a session: granted QoS, options, identifier (0: none)."""
+
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    identifier: int = 0
+
+    def pack(self) -> int:
+        """As a `SessionRecord.subscriptions` value: the MQTT subscription options byte's QoS,
+        No Local and Retain As Published bits, with the identifier above them."""
+        return (self.qos | (NO_LOCAL if self.no_local else 0)
+                | (RETAIN_AS_PUBLISHED if self.retain_as_published else 0)
+                | self.identifier << 8)
+
+    @classmethod
+    def unpack(cls, value: int) -> Subscription:
+        return cls(value & 0x03, bool(value & NO_LOCAL), bool(value & RETAIN_AS_PUBLISHED),
+                   value >> 8)
+
+
 class Version(NamedTuple):
     """Order of records of one client id."""
 
@@ -33,7 +58,8 @@ class SessionRecord:
     session to resume where it connected): copies of an older session elsewhere are deleted.
     `deleted`: the session is gone (ended with expiry 0, expired, or discarded): a tombstone,
     kept for a while so an older record cannot bring it back.
-    `subscriptions`: filter (verbatim, `$share/...` included) -> granted QoS.
+    `subscriptions`: filter (verbatim, `$share/...` included) -> its QoS, options and
+    identifier packed in an int (`Subscription.pack`; a plain QoS means default options).
     """
 
     client: str

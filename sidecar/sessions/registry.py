@@ -35,7 +35,13 @@ from dataclasses import dataclass, field, replace
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
 from sidecar.rendezvous import ranked
-from sidecar.sessions.record import SessionRecord, newer
+from sidecar.sessions.record import (
+    NO_LOCAL,
+    RETAIN_AS_PUBLISHED,
+    SessionRecord,
+    Subscription,
+    newer,
+)
 
 TOMBSTONE_KEEP_MS = 3_600_000
 RETRY_MS = 1_000
@@ -178,8 +184,15 @@ class SessionRegistry:
             self.counters["moves"] += 1
         return self._release(client) + self._store(record) + self._settle(client, now_ms)
 
-    def on_subscribe(self, client: str, filter: str, qos: int, now_ms: int) -> list[Action]:
-        return self._change_subs(client, filter, qos, now_ms)
+    def on_subscribe(self, client: str, filter: str, qos: int, now_ms: int,
+                     options: int | None = None,
+                     subscription_id: int | None = None) -> list[Action]:
+        """A subscription (again); `options` (the MQTT options byte) and `subscription_id` as
+        the plugin read them from Mosquitto (None: not known, taken as the defaults)."""
+        value = Subscription(qos, bool((options or 0) & NO_LOCAL),
+                             bool((options or 0) & RETAIN_AS_PUBLISHED),
+                             subscription_id or 0).pack()
+        return self._change_subs(client, filter, value, now_ms)
 
     def on_unsubscribe(self, client: str, filter: str, now_ms: int) -> list[Action]:
         return self._change_subs(client, filter, None, now_ms)

@@ -133,7 +133,8 @@ class SessionService:
                                      event.clean_start, event.session_expiry,
                                      event.session_present, now))
         elif isinstance(event, Subscribe):
-            self._run(reg.on_subscribe(event.client, event.filter, event.qos, now))
+            self._run(reg.on_subscribe(event.client, event.filter, event.qos, now,
+                                       event.options, event.subscription_id))
         elif isinstance(event, Unsubscribe):
             self._run(reg.on_unsubscribe(event.client, event.filter, now))
         elif isinstance(event, Disconnect):

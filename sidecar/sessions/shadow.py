@@ -27,10 +27,12 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.local.forward_client import from_paho_properties
 from sidecar.local.protocol import SESSION_EXPIRY_NEVER, SIDECAR_USERNAME
 from sidecar.message import MessageProperties
+from sidecar.sessions.record import Subscription
 
 MARKER_TOPIC = "$SYS/broker/mqfed/drain-marker"
 TIMEOUT = 5.0
@@ -141,14 +143,29 @@ class Shadow:
             raise ShadowError(f"no {what.upper()}ACK") from None
 
     async def subscribe(self, subscriptions: dict[str, int]) -> None:
-        """Subscribe to every filter (at most 100 per SUBSCRIBE); refused ones raise."""
-        items = list(subscriptions.items())
-        for i in range(0, len(items), 100):
-            chunk = items[i:i + 100]
-            codes = await self._await_ack(lambda c=chunk: self._client.subscribe(c), "sub")
-            refused = [f for (f, _), code in zip(chunk, codes, strict=False) if code >= 0x80]
-            if refused or len(codes) != len(chunk):
-                raise ShadowError(f"subscriptions refused: {refused[:5]}")
+        """Make every subscription (`SessionRecord.subscriptions`: QoS, No Local, Retain As
+        Published, identifier) as its client made it, at most 100 per SUBSCRIBE and one
+        SUBSCRIBE per identifier (a packet carries one). Retain Handling 2: a session made
+        here gets no retained messages (its client got them when it subscribed); refused
+        subscriptions raise."""
+        by_id: dict[int, list[tuple[str, SubscribeOptions]]] = {}
+        for filter, value in subscriptions.items():
+            sub = Subscription.unpack(value)
+            by_id.setdefault(sub.identifier, []).append((filter, SubscribeOptions(
+                qos=sub.qos, noLocal=sub.no_local, retainAsPublished=sub.retain_as_published,
+                retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)))
+        for identifier, items in by_id.items():
+            props = None
+            if identifier:
+                props = Properties(PacketTypes.SUBSCRIBE)
+                props.SubscriptionIdentifier = identifier
+            for i in range(0, len(items), 100):
+                chunk = items[i:i + 100]
+                codes = await self._await_ack(
+                    lambda c=chunk, p=props: self._client.subscribe(c, properties=p), "sub")
+                refused = [f for (f, _), code in zip(chunk, codes, strict=False) if code >= 0x80]
+                if refused or len(codes) != len(chunk):
+                    raise ShadowError(f"subscriptions refused: {refused[:5]}")
 
     async def unsubscribe(self, filters: list[str]) -> None:
         """Unsubscribe from every filter (at most 100 per UNSUBSCRIBE)."""

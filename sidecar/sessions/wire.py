@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from sidecar._proto import peer_pb2
 from sidecar.peering.envelopes import decode_envelope, encode_envelope
 from sidecar.routing.forwarder import Envelope
-from sidecar.sessions.record import SessionRecord
+from sidecar.sessions.record import SessionRecord, Subscription
 
 RECORDS_PER_FRAME = 500
 
@@ -17,15 +17,23 @@ def record_to_proto(r: SessionRecord) -> peer_pb2.SessionRecord:
         client=r.client, owner=r.owner, connect_hlc=r.connect_hlc, change_hlc=r.change_hlc,
         protocol=r.protocol, session_expiry=r.expiry, fresh=r.fresh, online=r.online,
         since_ms=r.since_ms, deleted=r.deleted,
-        subscriptions=[peer_pb2.SessionSubscription(filter=f, qos=q)
-                       for f, q in r.subscriptions.items()])
+        subscriptions=[_subscription(f, Subscription.unpack(v))
+                       for f, v in r.subscriptions.items()])
+
+
+def _subscription(filter: str, s: Subscription) -> peer_pb2.SessionSubscription:
+    return peer_pb2.SessionSubscription(filter=filter, qos=s.qos, no_local=s.no_local,
+                                        retain_as_published=s.retain_as_published,
+                                        identifier=s.identifier)
 
 
 def record_from_proto(m: peer_pb2.SessionRecord) -> SessionRecord:
     return SessionRecord(
         m.client, m.owner, m.connect_hlc, m.change_hlc, m.protocol or "mqtt5",
         m.session_expiry if m.HasField("session_expiry") else None, m.fresh, m.online,
-        m.since_ms, m.deleted, {s.filter: s.qos for s in m.subscriptions})
+        m.since_ms, m.deleted,
+        {s.filter: Subscription(s.qos, s.no_local, s.retain_as_published, s.identifier).pack()
+         for s in m.subscriptions})
 
 
 def records_frames(records: Iterable[SessionRecord], snapshot: bool = False) -> Iterator[bytes]:

@@ -227,3 +227,32 @@ def test_after_a_partition_the_registry_heals_to_the_latest_connect():
     assert n1.records["dev"] == n2.records["dev"] and n1.records["dev"].owner == "n2"
     assert Kick("dev", with_will=True) in to_n1  # n2's connect found no session: fresh
     assert Discard("dev") in to_n1 and not any(isinstance(a, Kick) for a in to_n2)
+
+
+def test_subscription_options_and_identifiers_are_kept_and_replicated():
+    from sidecar.sessions import wire
+    from sidecar.sessions.record import Subscription
+
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now, options=1 | 0x04 | 0x08,
+                                           subscription_id=300))
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "b", 2, c.now, options=2))
+    record = c.nodes["n2"].records["dev"]
+    assert Subscription.unpack(record.subscriptions["a/#"]) == Subscription(1, True, True, 300)
+    assert Subscription.unpack(record.subscriptions["b"]) == Subscription(2)
+    again = wire.record_from_proto(wire.record_to_proto(record))
+    assert again.subscriptions == record.subscriptions
+    # options unknown again (a new QoS): the defaults until the plugin reads them
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 0, c.now))
+    assert c.nodes["n3"].records["dev"].subscriptions["a/#"] == 0
+
+
+def test_packing_a_subscription_round_trips():
+    from sidecar.sessions.record import Subscription
+
+    for s in (Subscription(0), Subscription(2, True), Subscription(1, False, True, 1),
+              Subscription(1, True, True, 268_435_455)):
+        assert Subscription.unpack(s.pack()) == s
+    assert Subscription(2).pack() == 2  # a plain QoS is the default options

@@ -21,6 +21,8 @@ struct sub {
 	UT_hash_handle hh;
 	char *filter;
 	uint8_t qos;
+	uint8_t options;      /* No Local (bit 2), Retain As Published (bit 3), as last reported */
+	uint32_t sub_id;      /* subscription identifier as last reported (0: none) */
 };
 
 struct client {
@@ -502,6 +504,8 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 	if(s && s->qos == qos) return; /* no change (e. the same subscription again) */
 	if(s){
 		s->qos = qos;
+		s->options = 0; /* reported as unknown: read again (subopts.c) */
+		s->sub_id = 0;
 	}else{
 		s = calloc(1, sizeof(*s));
 		if(s == NULL) return;
@@ -523,6 +527,29 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 		cJSON_AddNumberToObject(ev, "qos", qos);
 		cJSON_AddNullToObject(ev, "options");
 		cJSON_AddNullToObject(ev, "subscription_id");
+	}
+	ev_emit(ev);
+}
+
+/* The options Mosquitto holds for a subscription, read after it was added (subopts.c): a
+ * subscribe event with them when they differ from what was last reported. */
+void model_sub_options(struct client *c, const char *filter, uint8_t options, uint32_t sub_id)
+{
+	struct sub *s = NULL;
+	cJSON *ev;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	if(s == NULL || (s->options == options && s->sub_id == sub_id)) return;
+	s->options = options;
+	s->sub_id = sub_id;
+	ev = ev_new("subscribe");
+	if(ev){
+		cJSON_AddStringToObject(ev, "client", c->id);
+		cJSON_AddStringToObject(ev, "filter", filter);
+		cJSON_AddNumberToObject(ev, "qos", s->qos);
+		cJSON_AddNumberToObject(ev, "options", s->qos | options);
+		if(sub_id) cJSON_AddNumberToObject(ev, "subscription_id", sub_id);
+		else cJSON_AddNullToObject(ev, "subscription_id");
 	}
 	ev_emit(ev);
 }

@@ -14,6 +14,7 @@
 #include "origin.h"
 #include "shed.h"
 #include "sidecar.h"
+#include "subopts.h"
 #include "util.h"
 #include "will.h"
 
@@ -391,6 +392,7 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 	if(c == NULL) return;
 	if(access == MOSQ_ACL_SUBSCRIBE){
 		model_subscribe(c, filter, qos);
+		subopts_note(client, filter, qos); /* its options, once Mosquitto added it */
 	}else{
 		model_unsubscribe(c, filter);
 	}
@@ -694,6 +696,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 		}
 	}
 	hold_tick();
+	subopts_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -739,6 +742,7 @@ static void free_all(void)
 	shed_cleanup();
 	commands_cleanup();
 	hold_clear();
+	subopts_cleanup();
 	events_cleanup();
 	calib_cleanup();
 	will_cleanup();

@@ -78,6 +78,14 @@ class Device:
         with self._lock:
             return [int(m.payload) for m in self.messages if topic is None or m.topic == topic]
 
+    def wait_messages(self, count: int, timeout: float = 10.0) -> list[mqtt.MQTTMessage]:
+        """The messages received so far, once there are `count` (or at the timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(self.messages) < count:
+            time.sleep(0.05)
+        with self._lock:
+            return list(self.messages)
+
     def wait_count(self, count: int, timeout: float = 10.0) -> list[int]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and len(set(self.payloads())) < count:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.harness.procs import wait_for
 from tests.system.sessions.clients import Device, publish
@@ -161,3 +163,52 @@ def test_a_session_expires_once_everywhere(shared_cluster):
                  f"{node} forgot the session")
     assert dev.connect(cluster.ports["n2"]) is False, "an expired session was offered"
     dev.leave()
+
+
+def test_a_resumed_session_keeps_subscription_options_and_gets_no_retained_again(
+        shared_cluster):
+    """No Local, Retain As Published and the subscription identifier as the client made them
+    on n1, on the session resumed on n3; the retained message it got when it subscribed is not
+    sent again (the session is made there with Retain Handling 2)."""
+    cluster = shared_cluster
+    topic = f"opts/{time.time_ns()}"
+    retained = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                           client_id=f"ret-{time.time_ns()}", protocol=mqtt.MQTTv5)
+    retained.connect("127.0.0.1", cluster.ports["n2"])
+    retained.loop_start()
+    retained.publish(f"{topic}/kept", "r", qos=1, retain=True).wait_for_publish(5)
+    dev = Device(f"dev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.SubscriptionIdentifier = 42
+    done = threading.Event()
+    dev.client.on_subscribe = lambda *a: done.set()
+    dev.client.subscribe([(f"{topic}/#", SubscribeOptions(qos=1, noLocal=True,
+                                                         retainAsPublished=True))],
+                         properties=props)
+    assert done.wait(5)
+    assert [m.topic for m in dev.wait_messages(1)] == [f"{topic}/kept"]
+    cluster.wait_interest("n1", f"{topic}/#")
+    dev.leave()
+    dev.messages.clear()
+    time.sleep(0.5)  # the options reach the registry everywhere
+
+    def drained() -> int:
+        return (cluster.state("n1").get("cluster_sessions") or {}).get("drained", 0)
+    before = drained()
+    assert dev.connect(cluster.ports["n3"]) is True, "session present"
+    # its own messages published inside the handover window can come back from the old copy
+    # on n1 (No Local there compares with the forwarding client): publish after it
+    wait_for(lambda: drained() > before, 10, "n1 handed its copy over")
+    retained.publish(f"{topic}/new", "x", qos=1, retain=True).wait_for_publish(5)
+    dev.client.publish(f"{topic}/mine", "own", qos=1).wait_for_publish(5)
+    got = dev.wait_messages(1)
+    time.sleep(1.0)  # nothing else arrives
+    assert [(m.topic, m.retain) for m in dev.messages] == [(f"{topic}/new", True)], \
+        "only the new message, with its retain flag (Retain As Published), not its own " \
+        "(No Local), not the old retained one again"
+    assert got[0].properties.SubscriptionIdentifier == [42]
+    dev.leave()
+    retained.publish(f"{topic}/kept", "", qos=1, retain=True).wait_for_publish(5)
+    retained.publish(f"{topic}/new", "", qos=1, retain=True).wait_for_publish(5)
+    retained.loop_stop()
