@@ -95,6 +95,15 @@ class HybridClock:
         self._last = ts
         return ts
 
+    def observe(self, packed: int, wall_ms: int) -> bool:
+        """Merge a peer's packed timestamp, as `update`; False (the clock unchanged) if it is
+        too far ahead or not a timestamp, for the caller to count."""
+        try:
+            self.update(Timestamp.unpack(packed), wall_ms)
+        except ValueError:  # ClockDriftError included
+            return False
+        return True
+
     def update(self, remote: Timestamp, wall_ms: int) -> Timestamp:
         """Merge a peer's timestamp (received at `wall_ms`); return a time after both."""
         last_wall, last_logical = self._last

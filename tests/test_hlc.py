@@ -109,3 +109,12 @@ def test_message_id_is_a_hashable_value():
     a = MessageId("n1", 7, 42)
     assert a == MessageId(origin_node="n1", origin_incarnation=7, origin_seq=42)
     assert len({a, MessageId("n1", 7, 42), MessageId("n1", 8, 42)}) == 2
+
+
+def test_observe_merges_a_packed_time_and_refuses_one_too_far_ahead():
+    clock = HybridClock(max_drift_ms=1_000)
+    assert clock.observe(Timestamp(5_000, 3).pack(), 4_900) is True
+    assert clock.last >= Timestamp(5_000, 4)
+    before = clock.last
+    assert clock.observe(Timestamp(99_000, 0).pack(), 5_000) is False
+    assert clock.last == before

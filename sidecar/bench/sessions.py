@@ -7,7 +7,9 @@
    one of those clients off until it has made its session (its deny list);
 3. handover: `moves` of those sessions resumed on another node than their owner, one after the
    other: time from CONNECT to a CONNACK with session present (the refused first CONNECT and
-   paho's reconnect, 0.05 s minimum here, included), p50 and p99.
+   paho's reconnect, 0.05 s minimum here, included), p50 and p99;
+4. live traffic: `messages` QoS 1 messages published flat out on n2 to a subscriber on n1,
+   before the sessions are made and again with them (and their replicas) in place: msgs/s.
 Times come from outside (state.json, written every 0.2-0.5 s, counts refreshed once a second).
 """
 
@@ -38,6 +40,7 @@ class SessionsOptions:
     base_port: int
     sessions: int = 10_000
     moves: int = 200
+    messages: int = 20_000
     timeout: float = 300.0
 
 
@@ -79,8 +82,46 @@ def _make_one(port: int, client_id: str, topic: str) -> None:
     client.loop_stop()
 
 
-def _records(cluster: BenchCluster, node: str) -> int:
-    return int((cluster.state(node).get("cluster_sessions") or {}).get("sessions") or 0)
+def _records(cluster: BenchCluster, node: str, key: str = "sessions") -> int:
+    return int((cluster.state(node).get("cluster_sessions") or {}).get(key) or 0)
+
+
+def _throughput(cluster: BenchCluster, messages: int, run: str, say) -> dict[str, Any]:
+    """`messages` QoS 1 messages flat out from n2 to a subscriber on n1: msgs/s, received."""
+    topic = f"sbt/{run}/{time.monotonic_ns()}"
+    got, probed = threading.Event(), threading.Event()
+    count = [0]
+
+    def on_message(c, u, msg) -> None:
+        if msg.topic.endswith("/probe"):
+            probed.set()
+            return
+        count[0] += 1
+        if count[0] >= messages:
+            got.set()
+
+    sub, _, _ = _connect(cluster.port("n1"), f"sbt-sub-{run}", clean=True)
+    sub.on_message = on_message
+    done = threading.Event()
+    sub.on_subscribe = lambda *a: done.set()
+    sub.subscribe(f"{topic}/#", 1)
+    done.wait(30)
+    pub, _, _ = _connect(cluster.port("n2"), f"sbt-pub-{run}", clean=True)
+    for _ in range(100):  # until n2 routes to the subscriber
+        pub.publish(f"{topic}/probe", "", qos=1)
+        if probed.wait(0.1):
+            break
+    start = time.monotonic()
+    for i in range(messages):
+        pub.publish(f"{topic}/d", str(i), qos=1)
+    got.wait(120)
+    took = time.monotonic() - start
+    for c in (pub, sub):
+        c.disconnect()
+        c.loop_stop()
+    say(f"  live traffic: {count[0]:,} of {messages:,} in {took:.1f} s")
+    return {"messages": messages, "received": count[0],
+            "msgs_per_s": round(count[0] / took) if took else 0}
 
 
 def _make(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[str, Any]:
@@ -97,10 +138,13 @@ def _make(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[s
     made = time.monotonic()
     known = _wait(lambda: all(_records(cluster, n) - base[n] >= opts.sessions for n in nodes),
                   opts.timeout, "every node to hold every session")
+    replicas = _wait(lambda: sum(_records(cluster, n, "replicas") for n in nodes)
+                     >= opts.sessions, opts.timeout, "a replica of every session")
     after = _usage(cluster)
     per = _per_10k(before, after, opts.sessions)
     return {"sessions": opts.sessions, "made_s": round(made - start, 1),
             "known_everywhere_after_s": round(known - made, 2),
+            "replicated_after_s": round(replicas - made, 2),
             "bytes_per_session": {name: round(v["mem_mib"] * 2**20 / 10_000)
                                   for name, v in per.items()},
             "cpu_s_per_10k": {name: v["cpu_s"] for name, v in per.items()}}
@@ -149,7 +193,11 @@ def run_sessions(opts: SessionsOptions, say: Callable[[str], None]) -> dict[str,
     try:
         say(f"starting a 3-node cluster in {opts.run_dir} ...")
         cluster.up()
+        say("live traffic before the sessions ...")
+        report["traffic_before"] = _throughput(cluster, opts.messages, run + "a", say)
         report["make"] = _make(cluster, opts, run, say)
+        say("live traffic with them ...")
+        report["traffic_with"] = _throughput(cluster, opts.messages, run + "b", say)
         report["handover"] = _handover(cluster, opts, run, say)
         report["join"] = _join(cluster, opts, say)
     finally:
@@ -161,13 +209,17 @@ def run_sessions(opts: SessionsOptions, say: Callable[[str], None]) -> dict[str,
 
 def render_sessions(report: dict[str, Any]) -> str:
     m, h, j = report["make"], report["handover"], report["join"]
+    b, w = report["traffic_before"], report["traffic_with"]
     per = ", ".join(f"{name} {b} B" for name, b in sorted(m["bytes_per_session"].items()))
     return "\n".join([
         f"make: {m['sessions']:,} sessions in {m['made_s']} s, held by every node "
-        f"{m['known_everywhere_after_s']} s after the last",
+        f"{m['known_everywhere_after_s']} s after the last, replicated "
+        f"{m['replicated_after_s']} s after it",
         f"  memory per session: {per}",
         f"handover: {h['moves']} resumed elsewhere, {h['session_present']} with session "
         f"present; CONNECT to CONNACK p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms",
         f"join: {j['node']} added in {j['add_node_s']} s; holds every record "
         f"{j['records_after_ready_s']} s and serves every session {j['serving_after_ready_s']}"
-        " s after it was ready"])
+        " s after it was ready",
+        f"live traffic n2 -> n1, QoS 1 flat out: {b['msgs_per_s']:,} msgs/s without sessions,"
+        f" {w['msgs_per_s']:,} with them ({w['received']:,} of {w['messages']:,} received)"])

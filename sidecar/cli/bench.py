@@ -141,7 +141,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     return _report(args, run_sessions, SessionsOptions(
         run_dir=args.run_dir.resolve(), base_port=args.base_port, sessions=args.sessions,
-        moves=args.moves), render_sessions)
+        moves=args.moves, messages=args.messages or 20_000), render_sessions)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
+from sidecar.hlc import HybridClock
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
 from sidecar.rendezvous import ranked
 from sidecar.sessions.record import (
@@ -49,6 +49,7 @@ DOWN_GRACE_MS = 1_000
 REPLAY_MARGIN_MS = 1_000
 NEVER_UP = ""  # in `dead`: owners never seen up count as dead (since start + grace)
 RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this far back
+SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +117,10 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class Discard:
     """Delete the session of `client` here (without delivering what it queued); report with
-    `on_discarded`."""
+    `on_discarded`. `urgent`: its client is waiting (it connects here next)."""
 
     client: str
+    urgent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,7 @@ class SessionRegistry:
     arriving: set[str] = field(default_factory=set)  # clients that tried to connect here
     # lost here and given to a replica: client -> the connect HLC of the record handed off
     handed_off: dict[str, int] = field(default_factory=dict)
+    next_sweep_ms: int = 0  # when on_tick next looks for expired copies here
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
@@ -215,6 +218,7 @@ class SessionRegistry:
 
     def on_session_expired(self, client: str, now_ms: int) -> list[Action]:
         self._forget(client)
+        self._unreplicate(client)
         record = self._owned(client)
         out: list[Action] = []
         if record is not None and not record.deleted and not record.online:
@@ -260,7 +264,7 @@ class SessionRegistry:
         self.arriving.add(client)
         self.busy[client] = "discard"
         self.holding.add(client)
-        return [Hold(client, True), Discard(client)]
+        return [Hold(client, True), Discard(client, urgent=True)]
 
     def on_peers(self, up: set[str], now_ms: int) -> list[Action]:
         """The peers whose streams are up now: replicas follow (O(records) per change)."""
@@ -338,9 +342,7 @@ class SessionRegistry:
     def on_remote(self, records: list[SessionRecord], now_ms: int) -> list[Action]:
         out: list[Action] = []
         for record in records:
-            try:
-                self.clock.update(Timestamp.unpack(record.change_hlc), now_ms)
-            except (ClockDriftError, ValueError):
+            if not self.clock.observe(record.change_hlc, now_ms):
                 self.counters["clock_drift"] += 1
             mine = self.records.get(record.client)
             if not newer(record, mine):
@@ -374,12 +376,34 @@ class SessionRegistry:
             if at <= now_ms:
                 del self.failed[client]
                 out += self._settle(client, now_ms)
+        if now_ms >= self.next_sweep_ms:
+            self.next_sweep_ms = now_ms + SWEEP_MS
+            out += self._expire_copies(now_ms)
         old = [c for c, r in self.records.items()
                if r.deleted and now_ms - r.since_ms > TOMBSTONE_KEEP_MS
                and c not in self.presence and c not in self.busy]
         for client in old:
             del self.records[client]
         return out + ([Forget(tuple(old))] if old else [])
+
+    def _expire_copies(self, now_ms: int) -> list[Action]:
+        """Delete the offline copies here of sessions past their cluster-wide expiry: replicas
+        (made never to expire: the record decides) and copies Mosquitto keeps longer than the
+        record says (a replica that became the session)."""
+        out: list[Action] = []
+        for client in [c for c, p in self.presence.items() if p == "session"]:
+            record = self.records.get(client)
+            if record is None or client in self.busy or self._resumable(record, now_ms):
+                continue
+            if record.owner != self.node_id:
+                out += self._settle(client, now_ms)
+                continue
+            if not record.deleted:
+                out += self._store(replace(record, deleted=True,
+                                           change_hlc=self.clock.now(now_ms).pack()))
+            self.busy[client] = "discard"
+            out.append(Discard(client))
+        return out
 
     # ---- views ---------------------------------------------------------------------------
     def status(self, now_ms: int) -> dict[str, int]:

@@ -53,6 +53,10 @@ BACKLOG_TIMEOUT = 10.0
 SYNC_TIMEOUT = 3.0
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
+BACKGROUND_SHADOWS = 8
+"""Shadow operations no client waits for (making and deleting replicas, deleting copies) run at
+most this many at a time, so a joining node or a burst of new sessions leaves the loop and
+the plugin link to the connects, deny lists and moves that clients wait for."""
 DETAIL_LIMIT = 1000
 Request = Callable[..., Awaitable[Any]]
 
@@ -89,6 +93,7 @@ class SessionService:
             self.registry.records[record.client] = record
         self.shadows = Shadows(socket_path, secret, self._deliver_marker)
         self._chains: dict[str, asyncio.Task] = {}
+        self._background = asyncio.Semaphore(BACKGROUND_SHADOWS)
         self._others: set[asyncio.Task] = set()
         self._exchanges = itertools.count(1)
         self._backlog_acks: dict[tuple[str, int], asyncio.Future] = {}
@@ -221,7 +226,7 @@ class SessionService:
             elif isinstance(action, Drain):
                 self._chain(action.client, self._drain(action))
             elif isinstance(action, Discard):
-                self._chain(action.client, self._discard(action.client))
+                self._chain(action.client, self._discard(action))
             elif isinstance(action, Forget):
                 self.store.forget(action.clients)
             else:  # pragma: no cover - a new action type must be wired here
@@ -287,7 +292,14 @@ class SessionService:
         record = action.record
         started = time.monotonic()
         try:
-            await self.shadows.materialize(record.client, record.subscriptions, record.expiry)
+            # a replica never expires by itself: the registry deletes it at the session's
+            # cluster-wide expiry (its own clock would start at its making)
+            if action.replica:
+                async with self._background:
+                    await self.shadows.materialize(record.client, record.subscriptions, None)
+            else:
+                await self.shadows.materialize(record.client, record.subscriptions,
+                                               record.expiry)
         except Exception as exc:
             log.warning("making a session here failed: %s", exc,
                         extra={"client": record.client})
@@ -384,9 +396,14 @@ class SessionService:
             self.counters["backlog_received"] += 1
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 
-    async def _discard(self, client: str) -> None:
+    async def _discard(self, action: Discard) -> None:
+        client = action.client
         try:
-            await self.shadows.discard(client)
+            if action.urgent:
+                await self.shadows.discard(client)
+            else:
+                async with self._background:
+                    await self.shadows.discard(client)
         except Exception as exc:
             log.warning("deleting a session failed: %s", exc, extra={"client": client})
             self._run(self.registry.on_discarded(client, False, _wall_ms()))

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
+from sidecar.hlc import HybridClock, Timestamp
 from sidecar.rendezvous import choose
 from sidecar.wills.liveness import Liveness
 from sidecar.wills.record import (
@@ -228,9 +228,7 @@ class WillTable:
         out: list[Action] = []
         changed: list[WillRecord] = []
         for record in records:
-            try:
-                self.clock.update(Timestamp.unpack(record.change_hlc), now_ms)
-            except (ClockDriftError, ValueError):
+            if not self.clock.observe(record.change_hlc, now_ms):
                 self.counters["clock_drift"] += 1
             mine = self.records.get(record.client)
             if not newer(record, mine):

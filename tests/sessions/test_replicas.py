@@ -141,7 +141,7 @@ def test_owner_alive_a_connect_on_the_replica_deletes_it_and_the_owner_drains():
     rep = online_with_replica(c)
     c.disconnect("n1", "dev")
     acts = c.nodes[rep].on_connect_rejected("dev", "denied", c.now)
-    assert Discard("dev") in acts and "dev" not in c.nodes[rep].replica
+    assert Discard("dev", urgent=True) in acts and "dev" not in c.nodes[rep].replica
     c.run(rep, acts)
     c.take(rep, Discard)
     c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
@@ -281,3 +281,41 @@ def test_a_restarted_node_waits_for_its_peers_before_making_its_sessions_again()
     assert "dev" in fresh.denied  # no connect resumes nothing meanwhile
     acts = fresh.on_tick(c.now + 1_500)  # no peer came up within the grace
     assert [a for a in acts if isinstance(a, Materialize)] == [Materialize(record)]
+
+
+def test_replicas_are_deleted_at_the_session_s_cluster_wide_expiry():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev", expiry=60)
+    c.take(rep, Discard)
+    c.tick(30_000)
+    assert not c.take(rep, Discard)
+    c.tick(31_000)  # past the expiry, on the next sweep
+    assert c.take(rep, Discard) == [Discard("dev")]
+
+
+def test_a_replica_that_became_the_session_expires_as_a_tombstone():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev", expiry=60)
+    c.run("n1", c.nodes["n1"].on_local_snapshot({}, set(), c.now))  # handed to the replica
+    assert c.nodes[rep].records["dev"].owner == rep
+    c.tick(61_000)
+    c.tick(5_000)
+    assert c.take(rep, Discard) == [Discard("dev")]
+    for node in c.nodes:
+        assert c.nodes[node].records["dev"].deleted
+
+
+def test_an_expired_replica_is_made_again_held_then_released():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    assert "dev" in c.nodes[rep].queueing
+    c.take(rep, Hold)
+    # Mosquitto expired the replica's session (an older build made it with an expiry)
+    c.run(rep, c.nodes[rep].on_session_expired("dev", c.now))
+    assert "dev" not in c.nodes[rep].queueing
+    c.finish(rep)
+    holds = c.take(rep, Hold)
+    assert holds[0] == Hold("dev", True, ring=True) and holds[-1].on is False

@@ -119,7 +119,8 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     with session present, a joining node serves them all; figures present, never judged."""
     if not PLUGIN.exists():
         pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
-    result = mqfed("bench", "--sessions", "60", "--moves", "9", "--json", "--run-dir",
+    result = mqfed("bench", "--sessions", "60", "--moves", "9", "--messages", "500", "--json",
+                   "--run-dir",
                    str(bench_dir / "cluster"), "--base-port", str(_base_port()), timeout=300)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -130,4 +131,7 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     assert handover["moves"] == 9 and handover["session_present"] == 9
     assert 0 < handover["p50_ms"] <= handover["p99_ms"]
     assert join["node"] == "n4" and join["serving_after_ready_s"] >= 0
+    assert make["replicated_after_s"] >= 0  # a replica of each (sessions.replicas 2)
+    for phase in ("traffic_before", "traffic_with"):
+        assert report[phase]["received"] == 500 and report[phase]["msgs_per_s"] > 0
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
