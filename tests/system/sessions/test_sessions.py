@@ -212,3 +212,29 @@ def test_a_resumed_session_keeps_subscription_options_and_gets_no_retained_again
     retained.publish(f"{topic}/kept", "", qos=1, retain=True).wait_for_publish(5)
     retained.publish(f"{topic}/new", "", qos=1, retain=True).wait_for_publish(5)
     retained.loop_stop()
+
+
+def test_qos2_is_exactly_once_across_moves_and_a_later_move_delivers_nothing_again(
+        shared_cluster):
+    """QoS 2 messages queued while the client is offline: resumed on n2, then on n3, then
+    back on n1, each time with what was published meanwhile: every message once, in order,
+    and nothing delivered again by a later move."""
+    cluster = shared_cluster
+    topic = f"q2move/{time.time_ns()}"
+    dev = Device(f"dev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    dev.subscribe(topic, 2)
+    cluster.wait_interest("n1", topic)
+    dev.leave()
+    sent = 0
+    for step, (publisher, target) in enumerate([("n3", "n2"), ("n1", "n3"), ("n2", "n1")]):
+        publish(cluster.ports[publisher], topic, 100, qos=2, start=sent)
+        sent += 100
+        assert dev.connect(cluster.ports[target]) is True, f"move {step}: session present"
+        got = dev.wait_count(sent)
+        assert got == list(range(sent)), f"move {step}: {len(got)} messages, " \
+            f"duplicates {len(got) - len(set(got))}, missing " \
+            f"{sorted(set(range(sent)) - set(got))[:10]}"
+        dev.leave()
+    time.sleep(1.0)  # a late backlog would arrive now
+    assert dev.payloads() == list(range(sent))
