@@ -204,9 +204,19 @@ class SessionService:
     # ---- actions -------------------------------------------------------------------------
     def _run(self, actions: list) -> None:
         publish = []
+        denies: list[str] = []  # nothing pending for them: one command for all, at the end
+        batched: set[str] = set()
         for action in actions:
+            client = getattr(action, "client", None) or getattr(
+                getattr(action, "record", None), "client", None)
+            if client in batched and not isinstance(action, Publish):
+                self._deny_all(denies)  # its later operation goes after the deny
+                denies, batched = [], set()
             if isinstance(action, Publish):
                 publish.append(action.record)
+            elif isinstance(action, Deny) and action.client not in self._chains:
+                denies.append(action.client)
+                batched.add(action.client)
             elif isinstance(action, Kick):
                 self._chain(action.client, self._command(
                     "kick", client=action.client, with_will=action.with_will))
@@ -233,6 +243,13 @@ class SessionService:
                 raise TypeError(f"unhandled action {action!r}")
         for record in publish:
             self._publish_soon(record)
+        self._deny_all(denies)
+
+    def _deny_all(self, clients: list[str]) -> None:
+        if len(clients) == 1:
+            self._chain(clients[0], self._command("deny", client=clients[0], mode="session"))
+        elif clients:
+            self._chain_all(clients, self._command("deny", clients=clients, mode="session"))
 
     def _publish_soon(self, record: SessionRecord) -> None:
         """Store and send `record` shortly: a client's changes within the delay go as one
@@ -265,6 +282,15 @@ class SessionService:
         if sent:
             self.counters["frames_out"] += 1
         return bool(sent)
+
+    def _chain_all(self, clients: list[str], coro: Awaitable[None]) -> None:
+        """Run `coro` (an operation on every one of `clients`, none of which has one pending)
+        and have their later operations wait for it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        for client in clients:
+            self._chains[client] = task
+            task.add_done_callback(lambda t, c=client: self._chains.get(c) is t
+                                   and self._chains.pop(c, None))
 
     def _chain(self, client: str, coro: Awaitable[None]) -> None:
         """Run `coro` after every earlier operation of `client`."""

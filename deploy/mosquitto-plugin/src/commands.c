@@ -364,24 +364,46 @@ static void cmd_kick(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+/* deny {client | clients: [...], mode}: one client id, or many in one command (a joining or
+ * restarted node puts every session held elsewhere on the list). */
 static void cmd_deny(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
 	const char *mode = get_str(req, "mode");
+	const cJSON *clients = cJSON_GetObjectItemCaseSensitive(req, "clients");
+	const cJSON *item;
+	enum deny_mode m;
 	struct id_entry *d;
 
-	if(client == NULL || mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse")
+	if((client == NULL) == (clients == NULL) || (clients && !cJSON_IsArray(clients))
+			|| mode == NULL || (!streq(mode, "retry") && !streq(mode, "refuse")
 				&& !streq(mode, "session"))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	d = id_add(&denies, client);
-	if(d == NULL){
-		reply_error(rq, "internal");
-		return;
+	cJSON_ArrayForEach(item, clients){
+		if(!cJSON_IsString(item) || item->valuestring[0] == '\0'){
+			reply_error(rq, "bad_request");
+			return;
+		}
 	}
-	d->mode = streq(mode, "refuse") ? DENY_REFUSE : streq(mode, "session") ? DENY_SESSION
-		: DENY_RETRY;
+	m = streq(mode, "refuse") ? DENY_REFUSE : streq(mode, "session") ? DENY_SESSION : DENY_RETRY;
+	if(client){
+		d = id_add(&denies, client);
+		if(d == NULL){
+			reply_error(rq, "internal");
+			return;
+		}
+		d->mode = m;
+	}
+	cJSON_ArrayForEach(item, clients){
+		d = id_add(&denies, item->valuestring);
+		if(d == NULL){
+			reply_error(rq, "internal");
+			return;
+		}
+		d->mode = m;
+	}
 	reply_ok(rq);
 }
 

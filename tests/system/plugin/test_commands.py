@@ -198,3 +198,20 @@ def test_commands_from_the_sidecar_id_on_another_topic_are_ignored(broker, sidec
     time.sleep(0.3)
     assert rid not in sidecar.replies
     assert json.loads(json.dumps(sidecar.call("stats")))["ok"] is True
+
+
+def test_deny_many_clients_in_one_command(broker, sidecar, clients):
+    rep = sidecar.call("deny", clients=["many-1", "many-2", "many-3"], mode="session")
+    assert rep["ok"] is True
+    assert sidecar.call("stats")["denied"] >= 3
+    for cid in ("many-1", "many-3"):
+        with pytest.raises(ConnectFailed):
+            clients(Client(cid, port=broker.port, clean_start=False,
+                           session_expiry=60)).connect()
+        clients(Client(cid, port=broker.port, clean_start=True)).connect()  # a clean start
+    for bad in ({"clients": "many-1", "mode": "session"},
+                {"clients": ["ok", 3], "mode": "session"},
+                {"client": "x", "clients": ["y"], "mode": "session"},
+                {"clients": [""], "mode": "retry"}):
+        rep = sidecar.call("deny", **bad)
+        assert rep["ok"] is False and rep["error"] == "bad_request", (bad, rep)
