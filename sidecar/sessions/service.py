@@ -50,7 +50,10 @@ from sidecar.sessions.sqlite import SqliteSessionStore
 log = logging.getLogger("mqfed.sessions")
 
 BACKLOG_TIMEOUT = 10.0
-SYNC_TIMEOUT = 3.0
+SYNC_TIMEOUT = 30.0
+"""How long a peer whose stream is up has to confirm a barrier (a loaded peer is waited for;
+a peer whose stream goes down is passed over at once: what it routed here before it went
+down reaches a session that no longer queues, the limit docs/architecture.md §5 names)."""
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
 BACKGROUND_SHADOWS = 8
@@ -358,16 +361,23 @@ class SessionService:
                 self._syncs[(peer, exchange)] = fut
                 waits.append((peer, exchange, fut))
         for peer, exchange, fut in waits:
+            deadline = loop.time() + SYNC_TIMEOUT + 1.0
+            ok = False
             try:
-                ok = await asyncio.wait_for(fut, SYNC_TIMEOUT + 1.0)
-            except TimeoutError:
-                ok = False
+                while not ok:
+                    try:
+                        ok = await asyncio.wait_for(asyncio.shield(fut), 0.5)
+                        break
+                    except TimeoutError:
+                        if peer not in self._up or loop.time() > deadline:
+                            break
             finally:
                 self._syncs.pop((peer, exchange), None)
             if not ok:
                 self.counters["sync_timeouts"] += 1
-                log.warning("a peer's barrier for a moving session timed out; going on",
-                            extra={"peer": peer, "client": client})
+                log.warning("a peer did not confirm the barrier for a moving session (its "
+                            "stream went down, or it is slower than %.0f s); going on",
+                            SYNC_TIMEOUT, extra={"peer": peer, "client": client})
 
     async def _drain(self, action: Drain) -> None:
         ok = False
