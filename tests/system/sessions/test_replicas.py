@@ -89,8 +89,10 @@ def test_owner_killed_with_the_client_online_loses_nothing(own_cluster):
     def run() -> None:
         i = 0
         while not stop.is_set():
+            # not under `lock`: paho calls on_publish holding its own lock, which publish takes
+            mid = pub.publish(topic, str(i), qos=1).mid
             with lock:
-                numbers[pub.publish(topic, str(i), qos=1).mid] = i
+                numbers[mid] = i
             i += 1
             time.sleep(0.003)
 
