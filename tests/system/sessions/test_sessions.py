@@ -238,3 +238,35 @@ def test_qos2_is_exactly_once_across_moves_and_a_later_move_delivers_nothing_aga
         dev.leave()
     time.sleep(1.0)  # a late backlog would arrive now
     assert dev.payloads() == list(range(sent))
+
+
+def test_a_delayed_will_is_not_sent_when_its_client_resumes_elsewhere_within_the_delay(
+        shared_cluster):
+    """As on one broker: a client that left with DISCONNECT 0x04 (its will, delayed 3 s) and
+    resumes its session on another node within the delay sends no will; one that does not
+    come back does."""
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from tests.system.wills.clients import Subscriber, WillClient
+
+    cluster = shared_cluster
+    base = f"dwill/{time.time_ns()}"
+    sub = Subscriber(cluster.ports["n3"], f"sub-{time.time_ns()}", f"{base}/#")
+    cluster.wait_interest("n3", f"{base}/#")
+    back = WillClient(cluster.ports["n1"], f"back-{time.time_ns()}", f"{base}/back", b"no",
+                      delay=3, expiry=60)
+    gone = WillClient(cluster.ports["n1"], f"gone-{time.time_ns()}", f"{base}/gone", b"yes",
+                      delay=3, expiry=60)
+    try:
+        for c in (back, gone):
+            c.client.disconnect(reasoncode=ReasonCode(PacketTypes.DISCONNECT, identifier=4))
+            assert c.down.wait(5)
+            c.client.loop_stop()
+        back.connect(cluster.ports["n2"], timeout=15)  # within the delay, on another node
+        wait_for(lambda: sub.messages(f"{base}/gone"), 15, "the will of the client gone")
+        time.sleep(2.0)  # past the delay of the one that came back
+        assert not sub.messages(f"{base}/back"), "resumed within the delay: no will"
+        assert len(sub.messages(f"{base}/gone")) == 1
+    finally:
+        back.close()
+        sub.close()
