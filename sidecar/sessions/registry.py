@@ -49,6 +49,7 @@ DOWN_GRACE_MS = 1_000
 REPLAY_MARGIN_MS = 1_000
 NEVER_UP = ""  # in `dead`: owners never seen up count as dead (since start + grace)
 RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this far back
+DEATH_LOOKBACK_MS = 5_000  # a client online on a dead owner: its replica replays this far back
 SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
 
 
@@ -201,7 +202,10 @@ class SessionRegistry:
         return self._change_subs(client, filter, None, now_ms)
 
     def on_disconnect(self, client: str, taken_over: bool, session_kept: bool,
-                      expiry: int | None, now_ms: int) -> list[Action]:
+                      expiry: int | None, now_ms: int, at_ms: int | None = None
+                      ) -> list[Action]:
+        """`at_ms`: when Mosquitto saw it (the plugin's time; `now_ms` is when this loop got
+        to it): the record's offline time, from which replicas replay."""
         if taken_over:
             return []  # the newer connection's connect follows
         was = self._forget(client)
@@ -211,7 +215,8 @@ class SessionRegistry:
         record = self._owned(client)
         out: list[Action] = []
         if was[0] == "online" and record is not None and record.online:
-            out = self._store(replace(record, online=False, since_ms=now_ms, expiry=expiry,
+            out = self._store(replace(record, online=False, since_ms=min(at_ms or now_ms,
+                                                                         now_ms), expiry=expiry,
                                       deleted=not session_kept,
                                       change_hlc=self.clock.now(now_ms).pack()))
         return out + self._settle(client, now_ms)
@@ -507,9 +512,8 @@ class SessionRegistry:
                     and copied[0] not in self.up:
                 if not self._dead(copied[0], now_ms):
                     return []  # whether its owner is dead (this copy goes on) is not known yet
-                if client not in self.queueing:  # its client was online there: what
-                    out = self._release_replica(client, self.down_since.get(  # it missed
-                        copied[0], self.started_ms))
+                if client not in self.queueing:  # its client was online there
+                    out = self._release_replica(client, self._death_base(copied[0]))
             if not gone and not record.fresh and (used or (
                     copied is not None and self._replica_hands_over(client, copied[0],
                                                                     record, now_ms))):
@@ -529,8 +533,9 @@ class SessionRegistry:
             return [Discard(client)]
         dead = self._dead(record.owner, now_ms)
         if (not record.online or dead) and client not in self.queueing:
-            return self._release_replica(client, record.since_ms if not record.online else
-                                         self.down_since.get(record.owner, self.started_ms))
+            return self._release_replica(client, record.since_ms - self.margin_ms
+                                         if not record.online
+                                         else self._death_base(record.owner))
         if record.online and not dead and client in self.queueing:
             # its client is back on its owner, which delivered what this copy queued
             self.busy[client] = "discard"
@@ -571,12 +576,17 @@ class SessionRegistry:
         self.holding.discard(client)
         return [Hold(client, False, since_ms=record.since_ms - self.margin_ms)]
 
-    def _release_replica(self, client: str, base_ms: int) -> list[Action]:
-        """Let the replica queue, first replaying what it refused since `base_ms` (the
-        client's disconnect, or its owner's death) minus the margin."""
+    def _release_replica(self, client: str, since_ms: int) -> list[Action]:
+        """Let the replica queue, first replaying what it refused since `since_ms`."""
         self.queueing.add(client)
         self.holding.discard(client)
-        return [Hold(client, False, since_ms=base_ms - self.margin_ms)]
+        return [Hold(client, False, since_ms=since_ms)]
+
+    def _death_base(self, owner: str) -> int:
+        """Replay from here when a client was online on `owner`, now dead: what was in flight
+        to it there, and what reached this replica before this node saw the stream go down
+        (it sees that late when its loop is busy; the plugin's ring times are Mosquitto's)."""
+        return self.down_since.get(owner, self.started_ms) - DEATH_LOOKBACK_MS
 
     def _replica_hands_over(self, client: str, owner: str, record: SessionRecord,
                             now_ms: int) -> bool:

@@ -147,7 +147,7 @@ class SessionService:
             self._run(reg.on_unsubscribe(event.client, event.filter, now))
         elif isinstance(event, Disconnect):
             self._run(reg.on_disconnect(event.client, event.taken_over, event.session_kept,
-                                        event.session_expiry, now))
+                                        event.session_expiry, now, event.t_ms))
         elif isinstance(event, SessionExpired):
             self._run(reg.on_session_expired(event.client, now))
         elif isinstance(event, ConnectRejected):

@@ -161,7 +161,7 @@ def test_owner_dead_while_online_the_replica_queues_from_its_death_minus_the_mar
     c.kill("n1")
     assert not c.take(rep, Hold)  # not before the grace
     c.tick(1_500)
-    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 1_000)]
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 5_000)]
 
 
 def test_new_subscriptions_make_the_replica_again():
@@ -220,7 +220,7 @@ def test_owner_killed_with_its_client_online_elsewhere_the_replica_replays_then_
     c.connect(other, "dev", present=True)
     assert not c.take(rep, Drain) and not c.take(rep, Discard)
     c.tick(1_500)
-    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 1_000)]
+    assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 5_000)]
     assert c.take(rep, Drain) == [Drain("dev", other, ("a/#",))]
 
 
