@@ -104,6 +104,17 @@ class Materialize:
 
 
 @dataclass(frozen=True, slots=True)
+class Resubscribe:
+    """Bring the replica of `client` here in line with its client's subscriptions: make
+    `add` (`SessionRecord.subscriptions` values), end `remove`; report with
+    `on_materialized`."""
+
+    client: str
+    add: dict[str, int]
+    remove: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Once every peer confirms that what it routed here so far is in (a barrier), hold the
     session of `client` here (it queues nothing more), take the messages it queued (ending its
@@ -131,7 +142,8 @@ class Forget:
     clients: tuple[str, ...]
 
 
-Action = Publish | Kick | Deny | Admit | Hold | Materialize | Drain | Discard | Forget
+Action = (Publish | Kick | Deny | Admit | Hold | Materialize | Resubscribe | Drain | Discard
+          | Forget)
 
 
 @dataclass
@@ -159,6 +171,9 @@ class SessionRegistry:
     # replicas here: client -> (the owner whose session it copies, the subscriptions made)
     replica: dict[str, tuple[str, frozenset[tuple[str, int]]]] = field(default_factory=dict)
     queueing: set[str] = field(default_factory=set)  # replicas released (they queue)
+    # replicas being made or changed: client -> (owner, connect HLC, subscriptions) applied
+    applying: dict[str, tuple[str, int, frozenset[tuple[str, int]]]] = field(
+        default_factory=dict)
     arriving: set[str] = field(default_factory=set)  # clients that tried to connect here
     # lost here and given to a replica: client -> the connect HLC of the record handed off
     handed_off: dict[str, int] = field(default_factory=dict)
@@ -318,18 +333,19 @@ class SessionRegistry:
     def _finished(self, client: str, ok: bool, now_ms: int, what: str) -> list[Action]:
         op = self.busy.pop(client, None)
         out: list[Action] = []
+        if op == "replicate" and not ok:
+            self.applying.pop(client, None)
+            self._unreplicate(client)  # made again (whole) when retried
         if ok:
             self.counters["replicated" if op == "replicate" else what] += 1
             if op in ("drain", "discard") and self.presence.get(client) != "online":
                 self._forget(client)
                 out = self._release(client)
             elif op == "replicate" and self.presence.get(client) != "online":
-                record = self.records.get(client)
+                owner, connect_hlc, subs = self.applying.pop(client, ("", 0, frozenset()))
                 self.presence[client] = "session"
-                self.held[client] = (record.connect_hlc if record else 0, False)
-                self.replica[client] = (record.owner if record else "",
-                                        frozenset(record.subscriptions.items()) if record
-                                        else frozenset())
+                self.held[client] = (connect_hlc, False)
+                self.replica[client] = (owner, subs)
             elif op == "materialize" and self.presence.get(client) != "online":
                 record = self.records.get(client)
                 self.presence[client] = "session"
@@ -526,11 +542,17 @@ class SessionRegistry:
             return out + [Discard(client)]
         if copied is None:
             return []
+        subs = frozenset(record.subscriptions.items())
         if self.node_id not in self.replica_nodes(client, record.owner) \
-                or copied[1] != frozenset(record.subscriptions.items()):
+                or (copied[1] != subs and client in self.queueing):
             self.busy[client] = "discard"  # no longer a replica here, or out of date
             self._unreplicate(client)
             return [Discard(client)]
+        if copied[1] != subs:  # its client (online) changed subscriptions: the difference
+            self.busy[client] = "replicate"
+            self.applying[client] = (record.owner, record.connect_hlc, subs)
+            return [Resubscribe(client, dict(subs - copied[1]), tuple(
+                f for f, _ in copied[1] if f not in record.subscriptions))]
         dead = self._dead(record.owner, now_ms)
         if (not record.online or dead) and client not in self.queueing:
             return self._release_replica(client, record.since_ms - self.margin_ms
@@ -621,6 +643,8 @@ class SessionRegistry:
                 out += [Hold(client, True), Materialize(record)]
             elif self.node_id in self.replica_nodes(client, record.owner):
                 self.busy[client] = "replicate"
+                self.applying[client] = (record.owner, record.connect_hlc,
+                                         frozenset(record.subscriptions.items()))
                 self.holding.add(client)
                 out += [Hold(client, True, ring=True), Materialize(record, replica=True)]
         copy = local == "session" and client in self.replica

@@ -42,6 +42,7 @@ from sidecar.sessions.registry import (
     Kick,
     Materialize,
     Publish,
+    Resubscribe,
     SessionRegistry,
 )
 from sidecar.sessions.shadow import Shadows
@@ -236,6 +237,8 @@ class SessionService:
                                                          on=action.on, **extra))
             elif isinstance(action, Materialize):
                 self._chain(action.record.client, self._materialize(action))
+            elif isinstance(action, Resubscribe):
+                self._chain(action.client, self._resubscribe(action))
             elif isinstance(action, Drain):
                 self._chain(action.client, self._drain(action))
             elif isinstance(action, Discard):
@@ -340,6 +343,17 @@ class SessionService:
             self._handover[next((i for i, le in enumerate(HANDOVER_BUCKETS) if took <= le),
                                 len(HANDOVER_BUCKETS))] += 1
         self._run(self.registry.on_materialized(record.client, True, _wall_ms()))
+
+    async def _resubscribe(self, action: Resubscribe) -> None:
+        try:
+            async with self._background:
+                await self.shadows.update(action.client, action.add, action.remove)
+        except Exception as exc:
+            log.warning("changing a replica's subscriptions failed: %s", exc,
+                        extra={"client": action.client})
+            self._run(self.registry.on_materialized(action.client, False, _wall_ms()))
+            return
+        self._run(self.registry.on_materialized(action.client, True, _wall_ms()))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

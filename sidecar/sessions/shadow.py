@@ -221,6 +221,19 @@ class Shadows:
         finally:
             await shadow.disconnect()
 
+    async def update(self, client: str, add: dict[str, int], remove: tuple[str, ...]) -> None:
+        """Change the subscriptions of `client`'s session here (a replica): end `remove`,
+        make `add`; raises ShadowError."""
+        shadow = Shadow(self.socket_path, self.secret, client)
+        try:
+            await shadow.connect(False, SESSION_EXPIRY_NEVER)
+            if remove:
+                await shadow.unsubscribe(list(remove))
+            if add:
+                await shadow.subscribe(add)
+        finally:
+            await shadow.disconnect()
+
     async def drain(self, client: str, filters: tuple[str, ...]) -> Shadow:
         """Resume `client`'s session, end its subscriptions `filters` (its client has them
         on its new node) and take what it queued; the caller hands the messages over, then

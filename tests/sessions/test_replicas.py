@@ -9,6 +9,7 @@ from sidecar.sessions.registry import (
     Drain,
     Hold,
     Materialize,
+    Resubscribe,
     SessionRegistry,
 )
 from tests.sessions.test_registry import Cluster
@@ -30,12 +31,13 @@ class Replicated(Cluster):
         """Complete the node's pending shadow operations (replicate/materialize, discard)."""
         reg = self.nodes[node]
         for _ in range(10):
-            made = self.take(node, Materialize)
+            made = self.take(node, Materialize) + self.take(node, Resubscribe)
             gone = self.take(node, Discard)
             if not made and not gone:
                 return
             for m in made:
-                self.run(node, reg.on_materialized(m.record.client, True, self.now))
+                client = m.client if isinstance(m, Resubscribe) else m.record.client
+                self.run(node, reg.on_materialized(client, True, self.now))
             for d in gone:
                 self.run(node, reg.on_discarded(d.client, True, self.now))
 
@@ -164,14 +166,20 @@ def test_owner_dead_while_online_the_replica_queues_from_its_death_minus_the_mar
     assert c.take(rep, Hold) == [Hold("dev", False, since_ms=killed_at - 5_000)]
 
 
-def test_new_subscriptions_make_the_replica_again():
+def test_a_replica_follows_its_client_s_subscriptions_by_their_difference():
     c = Replicated()
     rep = online_with_replica(c)
     c.run("n1", c.nodes["n1"].on_subscribe("dev", "b/#", 2, c.now))
-    assert c.take(rep, Discard) == [Discard("dev")]
-    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
-    c.finish(rep)
+    c.run("n1", c.nodes["n1"].on_unsubscribe("dev", "a/#", c.now))
+    assert c.take(rep, Resubscribe) == [Resubscribe("dev", {"b/#": 2}, ())]
+    assert not c.take(rep, Discard)
+    # a change while the first is applied waits for it, then goes as its own difference
+    c.run(rep, c.nodes[rep].on_materialized("dev", True, c.now))
     assert c.nodes[rep].replica["dev"][1] == frozenset({("a/#", 1), ("b/#", 2)})
+    assert c.take(rep, Resubscribe) == [Resubscribe("dev", {}, ("a/#",))]
+    c.run(rep, c.nodes[rep].on_materialized("dev", True, c.now))
+    assert c.nodes[rep].replica["dev"][1] == frozenset({("b/#", 2)})
+    assert not c.take(rep, Discard)
 
 
 def test_replicas_all_and_one():
