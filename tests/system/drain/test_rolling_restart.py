@@ -14,8 +14,12 @@ import pytest
 
 from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import mqfed
-from tests.system.drain.traffic import TracedDevice, TracedPublisher, new_writer, \
-    write_subscriptions
+from tests.system.drain.traffic import (
+    TracedDevice,
+    TracedPublisher,
+    new_writer,
+    write_subscriptions,
+)
 
 SUBSCRIBERS = 100
 RATE = 150.0  # messages per second over the 100 topics
