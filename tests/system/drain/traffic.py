@@ -70,14 +70,23 @@ class TracedPublisher:
         self.client.max_inflight_messages_set(20)
         self.client.on_publish = self._on_publish
         self.connected = threading.Event()
-        self.client.on_connect = lambda c, u, f, rc, p: (not rc.is_failure
-                                                         and self.connected.set())
+        self.connects = 0
+        self.client.on_connect = self._on_connect
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 600
         self.client.connect("127.0.0.1", port, 30, clean_start=mqtt.MQTT_CLEAN_START_FIRST_ONLY,
                             properties=props)
         self.client.loop_start()
         assert self.connected.wait(10), "the publisher got no CONNACK"
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if not reason_code.is_failure:
+            self.connects += 1
+            self.connected.set()
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connects - 1)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         if reason_code.is_failure:
