@@ -82,6 +82,7 @@ class DrainService:
         self._per_client = False
         self._task: asyncio.Task | None = None
         self._ops: set[asyncio.Task] = set()
+        self._kicking: asyncio.Task | None = None  # one round of kicks at a time
         self._unavailable: frozenset[str] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -208,7 +209,8 @@ class DrainService:
                 for peer in self.routing.queues:
                     self._send(peer, action.draining)
             elif isinstance(action, KickAll):
-                self._spawn(self._kick_all(self.clients()))
+                if self._kicking is None or self._kicking.done():
+                    self._kicking = self._spawn(self._kick_all(self.clients()))
             elif isinstance(action, HandOff):
                 if self.sessions is not None:
                     self.sessions.hand_off_all()
@@ -219,10 +221,11 @@ class DrainService:
         frame = peer_pb2.Frame(node_state=peer_pb2.NodeState(draining=draining))
         self.routing.transport.send(peer, frame)  # withheld for a peer without `drain`
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._ops.add(task)
         task.add_done_callback(self._ops.discard)
+        return task
 
     async def _admission(self, open_: bool) -> None:
         try:
