@@ -79,6 +79,9 @@ def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster)
     code, out, _ = ctl(cluster, "--json", "status")
     drains = {s["node_id"]: s["drain"] for s in json.loads(out)["statuses"]}
     assert drains == {"n1": "drained", "n2": "serving", "n3": "serving"}
+    metrics = cluster.metrics("n1")
+    assert metrics[("mqfed_drain", (("state", "drained"),))] == 1
+    assert metrics[("mqfed_drain", (("state", "serving"),))] == 0
 
     code, out, err = ctl(cluster, "undrain", "n1", via="n3")
     assert code == 0 and "n1: serving" in out, err
