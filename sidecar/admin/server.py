@@ -232,6 +232,12 @@ class AdminServer:
                 return await self._peer(target, entry.record.admin).call(
                     "Drain", request, self.fanout_timeout)
             except AdminCallError as exc:
+                if exc.code == "UNIMPLEMENTED":
+                    raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"node {target} has no drain: it runs an older version "
+                                   "(before peer protocol 1.3); stop it gracefully instead, "
+                                   "see docs/operations.md, \"Upgrading from a version "
+                                   "without drain\"") from None
                 raise _Refused(grpc.StatusCode.UNAVAILABLE if exc.unreachable
                                else grpc.StatusCode.FAILED_PRECONDITION,
                                f"node {target}: {exc}") from None

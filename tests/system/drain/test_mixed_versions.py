@@ -132,6 +132,8 @@ def test_mixed_versions_route_both_ways_and_an_upgrade_node_by_node_loses_nothin
     assert old["features_off"] == ["drain", "session-replicas", "wills"]
     text = mqfed("ctl", "--node", cluster.admin("n3"), "status").stdout
     assert "mixed versions" in text and "neither publishes the other's wills" in text
+    refused = mqfed("ctl", "--node", cluster.admin("n3"), "drain", "n1")
+    assert refused.returncode == 1 and "n1 has no drain" in refused.stderr
 
     # under traffic: persistent subscribers on the new node, a QoS 1 publisher through the
     # front (it moves from node to node as they are upgraded)
