@@ -37,7 +37,7 @@ __all__ = ["DrainService"]
 
 log = logging.getLogger("mqfed.drain")
 
-TICK = 0.1
+TICK = 0.25  # while draining (facts cost O(clients + sessions)); serving: peers only
 QUIET = 0.3  # seconds without a copy from Mosquitto: its queue for the sidecar is empty
 KICK_CONCURRENCY = 64
 Request = Callable[..., Awaitable[Any]]
@@ -105,7 +105,8 @@ class DrainService:
 
     def tick(self) -> None:
         self._refresh_unavailable()
-        self._run(self.core.on_tick(self.facts(), time.monotonic()))
+        if self.core.draining:
+            self._run(self.core.on_tick(self.facts(), time.monotonic()))
 
     # ---- the operator ------------------------------------------------------------------------
     @property
@@ -135,8 +136,17 @@ class DrainService:
         return self.core.progress(time.monotonic())
 
     def on_resync(self) -> None:
-        """The plugin link re-synced (Mosquitto may have restarted: it admits everyone)."""
-        self._run(self.core.on_resync())
+        """The plugin link re-synced: a restarted Mosquitto admits everyone (closed again
+        while draining); a Mosquitto adopted from a sidecar that was draining still refuses
+        everyone (opened again while serving)."""
+        if self.core.draining:
+            self._run(self.core.on_resync())
+        else:
+            self._spawn(self._admit_all())
+
+    async def _admit_all(self) -> None:
+        with contextlib.suppress(Exception):  # an older plugin has no admission: nothing to do
+            await self.request("admission", open=True)
 
     # ---- peers (routing.PeerFrames) --------------------------------------------------------
     def on_peer_up(self, peer: str) -> None:

@@ -91,3 +91,15 @@ def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster)
         dev.leave()
     code, _, err = ctl(cluster, "drain", "n9")
     assert code == 2 and "no node n9" in err
+
+    # a drained node whose sidecar restarts (its Mosquitto adopted, admission still closed
+    # there) serves again: the new sidecar does not drain
+    code, _, err = ctl(cluster, "drain", "n3", "--wait", via="n1")
+    assert code == 0, err
+    with pytest.raises(AssertionError, match="no successful CONNACK"):
+        connect(cluster.ports["n3"], timeout=2)
+    for step in (("stop-node", "--sidecar-only"), ("start-node",)):
+        result = mqfed(step[0], "--run-dir", str(cluster.run_dir), "n3", *step[1:])
+        assert result.returncode == 0, result.stderr
+    wait_for(lambda: readyz(cluster, "n3")[0] == 200, 20, "n3 ready again")
+    connect(cluster.ports["n3"], timeout=5).close()
