@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from sidecar._proto import admin_pb2
 from sidecar.admin.directory import Entry
 from sidecar.admin.retained import RetainedSource
+from sidecar.peering.capabilities import features_off
+from sidecar.peering.handshake import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from sidecar.topics import matches
 
 if TYPE_CHECKING:
@@ -61,9 +63,12 @@ class Answers:
             etcd_registered=bool(membership and membership.registered),
             plugin_in_sync=bool(stream["in_sync"]), plugin_gaps=stream["gaps"],
             plugin_resyncs=stream["resyncs"], clients_online=sessions["online"],
-            clients_offline=sessions["offline"], subscriptions=sessions["subscriptions"])
+            clients_offline=sessions["offline"], subscriptions=sessions["subscriptions"],
+            protocol=f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}",
+            drain=node.drainer.core.state if node.drainer else "serving")
         if routing is None:
             return out
+        draining = node.drainer.draining_peers if node.drainer else set()
         out.forwarded = routing.forwarder.forwarded
         out.received = routing.counters["received"]
         interest = routing.interest_status()["peers"]
@@ -79,7 +84,11 @@ class Answers:
                           messages_received=routing.peer_received.get(peer, 0),
                           interest_lag_s=lag.get("lag_seconds", 0.0),
                           interest_pending=lag.get("deltas_pending", 0),
-                          interest_keys=lag.get("keys_held", 0))
+                          interest_keys=lag.get("keys_held", 0),
+                          protocol=state.get("protocol") or "",
+                          features_off=features_off(frozenset(state.get("capabilities") or ()))
+                          if state.get("protocol") else [],
+                          draining=peer in draining)
         return out
 
     def routes(self, query: admin_pb2.Query) -> list[admin_pb2.Route]:

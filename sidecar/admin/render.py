@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sidecar._proto import admin_pb2
+from sidecar.peering.capabilities import MISSING_MEANS
 
-__all__ = ["missing_line", "render", "table"]
+__all__ = ["drain_line", "missing_line", "render", "table"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> str:
@@ -55,7 +56,8 @@ def _status(r: admin_pb2.StatusReply, now: float) -> str:
         etcd = ("ok" if s.etcd_reachable and s.etcd_registered else
                 "unregistered" if s.etcd_reachable else "unreachable") \
             if s.membership == "etcd" else "static"
-        rows.append([n.node_id, state, _yes(s.ready), s.version, s.incarnation,
+        ready = _yes(s.ready) if s.drain in ("", "serving") else s.drain
+        rows.append([n.node_id, state, ready, s.version, s.incarnation,
                      _duration(s.uptime_s), etcd, f"{s.clients_online}/{s.clients_offline}",
                      s.mqtt, s.admin])
     nodes = table(["NODE", "STATE", "READY", "VERSION", "INCARNATION", "UPTIME", "ETCD",
@@ -76,7 +78,23 @@ def _status(r: admin_pb2.StatusReply, now: float) -> str:
     return (f"cluster {r.cluster} (answered by {r.answered_by})\n\n{nodes}\n\n"
             f"peer streams (as each node sees them)\n{streams}\n\n"
             f"interest (how far each peer's routing trails FROM's subscriptions; alert above "
-            f"5 s)\n{interest}\n\n{plugin}")
+            f"5 s)\n{interest}\n\n{plugin}{_mixed(r)}")
+
+
+def _mixed(r: admin_pb2.StatusReply) -> str:
+    """Pairs of nodes of different versions: which features are off between them and what
+    that means, as each node of protocol 1.3 or later sees its peers."""
+    rows = []
+    for s in r.statuses:
+        for p in s.peers:
+            for feature in p.features_off:
+                rows.append([s.node_id, p.peer, p.protocol, feature,
+                             MISSING_MEANS.get(feature, "")])
+    if not rows:
+        return ""
+    return ("\n\nmixed versions: features off between these nodes (until every node runs "
+            "the same version)\n"
+            + table(["NODE", "PEER", "PEER PROTOCOL", "OFF", "MEANING"], rows))
 
 
 def _nodes(r: admin_pb2.NodesReply, now: float) -> str:
@@ -140,7 +158,25 @@ def _trace(r: admin_pb2.TraceReply, now: float) -> str:
     return head + "\n" + table(["MS", "NODE", "EVENT", "PEER(S)", "DETAIL"], rows)
 
 
-_RENDER = {admin_pb2.StatusReply: _status, admin_pb2.NodesReply: _nodes,
+def drain_line(p: admin_pb2.DrainProgress) -> str:
+    """One line of a drain's progress."""
+    if p.state == "serving":
+        return f"{p.node_id}: serving (not draining)"
+    phase = f" ({p.phase})" if p.phase and p.phase != p.state else ""
+    line = (f"{p.node_id}: {p.state}{phase} after {p.seconds:.1f}s: {p.clients} clients, "
+            f"{p.sessions_owned} sessions owned, {p.session_copies} session copies, "
+            f"{p.messages_queued} messages queued")
+    if p.messages_queued_down:
+        line += f", {p.messages_queued_down} for peers that are down"
+    return line + (f"; {p.note}" if p.note else "")
+
+
+def _drain(r: admin_pb2.DrainReply, now: float) -> str:
+    return drain_line(r.progress)
+
+
+_RENDER = {admin_pb2.StatusReply: _status, admin_pb2.DrainReply: _drain,
+           admin_pb2.NodesReply: _nodes,
            admin_pb2.RoutesReply: _routes, admin_pb2.SubscriptionsReply: _subscriptions,
            admin_pb2.ClientsReply: _clients, admin_pb2.RetainedReply: _retained,
            admin_pb2.SessionsReply: _sessions,

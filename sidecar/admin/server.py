@@ -193,13 +193,7 @@ class AdminServer:
             if not address:
                 raise AdminCallError("its admin address is unknown (static membership, or a "
                                      "node older than the admin API)", "UNKNOWN", True)
-            client = self._peer_clients.get((node, address))
-            if client is None:  # it proves it is `node` at `address` before its answer counts
-                client = self._peer_clients[(node, address)] = AdminClient(
-                    address, self.token,
-                    None if self.tls is None else self.tls.channel_credentials(),
-                    caller=self.node_id, callee=node)
-            return await client.call(name, sub, self.fanout_timeout)
+            return await self._peer(node, address).call(name, sub, self.fanout_timeout)
 
         ids = [(e.record.node_id, e.record.admin) for e in targets]
         results = await asyncio.gather(*(ask(n, a) for n, a in ids), return_exceptions=True)
@@ -211,7 +205,58 @@ class AdminServer:
                 answers.append(result)
         return merge(method, self.node_id, answers, missing)
 
+    def _peer(self, node: str, address: str) -> AdminClient:
+        """A client to another node's admin endpoint; it proves it is `node` at `address`
+        before its answer counts."""
+        client = self._peer_clients.get((node, address))
+        if client is None:
+            client = self._peer_clients[(node, address)] = AdminClient(
+                address, self.token, None if self.tls is None else self.tls.channel_credentials(),
+                caller=self.node_id, callee=node)
+        return client
+
     # ---- methods ---------------------------------------------------------------------------
+    async def _drain(self, request: admin_pb2.DrainRequest) -> admin_pb2.DrainReply:
+        """Drain, undrain or report on one node: this one, or passed on to the one named."""
+        target = request.node_id or self.node_id
+        if target != self.node_id:
+            entry = self.directory.targets([target], time.monotonic())[0]
+            if entry.state != "up":
+                raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"node {target} is {entry.state}: nothing to drain")
+            if not entry.record.admin:
+                raise _Refused(grpc.StatusCode.UNAVAILABLE,
+                               f"the admin address of node {target} is unknown here; call it "
+                               "directly (mqfed ctl --node ITS_ADMIN_ADDRESS)")
+            try:
+                return await self._peer(target, entry.record.admin).call(
+                    "Drain", request, self.fanout_timeout)
+            except AdminCallError as exc:
+                if exc.code == "UNIMPLEMENTED":
+                    raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"node {target} has no drain: it runs an older version "
+                                   "(before peer protocol 1.3); stop it gracefully instead, "
+                                   "see docs/operations.md, \"Upgrading from a version "
+                                   "without drain\"") from None
+                raise _Refused(grpc.StatusCode.UNAVAILABLE if exc.unreachable
+                               else grpc.StatusCode.FAILED_PRECONDITION,
+                               f"node {target}: {exc}") from None
+        drainer = self.node.drainer
+        if drainer is None:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE,
+                           f"node {self.node_id} is still starting; try again")
+        if self.node.stopping:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"node {self.node_id} is stopping")
+        if request.undrain:
+            progress = drainer.stop()
+        elif request.status_only:
+            progress = drainer.progress()
+        else:
+            progress = drainer.start()
+        return admin_pb2.DrainReply(answered_by=self.node_id, progress=admin_pb2.DrainProgress(
+            node_id=self.node_id, **progress.as_dict()))
+
     async def _status(self, query: admin_pb2.Query) -> admin_pb2.StatusReply:
         reply = await self._fanout(
             "Status", query, lambda: admin_pb2.StatusReply(statuses=[self.answers.status()]))

@@ -122,7 +122,8 @@ class AdminService:
     def _facts(self) -> HealthFacts:
         node = self.node
         return HealthFacts(node.config.node_id, node.ready, node.stopping, self._lag,
-                           str(node.protocol_error) if node.protocol_error else None)
+                           str(node.protocol_error) if node.protocol_error else None,
+                           draining=bool(node.drainer and node.drainer.draining))
 
     async def _measure_lag(self) -> None:
         loop = asyncio.get_running_loop()

@@ -30,6 +30,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("Retained", admin_pb2.Query, admin_pb2.RetainedReply, "entries"),
     Method("Trace", admin_pb2.TraceRequest, admin_pb2.TraceReply, "hops"),
     Method("TraceHops", admin_pb2.Query, admin_pb2.TraceHopsReply, "hops"),
+    Method("Drain", admin_pb2.DrainRequest, admin_pb2.DrainReply, ""),
 )}
 assert set(METHODS) | {"Challenge"} == set(_SERVICE.methods_by_name), \
     "admin.proto and METHODS disagree"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.bench import payload
+from sidecar.bench.drain import DrainOptions, render_drain, run_drain
 from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
 from sidecar.bench.scale import ScaleOptions, render_scale, run_scale
 from sidecar.bench.sessions import SessionsOptions, render_sessions, run_sessions
@@ -104,6 +105,17 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                       help="run the session benchmark with N sessions")
     sess.add_argument("--moves", type=_positive_int, default=200,
                       help="sessions resumed on another node (default: 200)")
+    drain = p.add_argument_group(
+        "--drain", "Instead: how long draining a node takes (`mqfed ctl drain`), on a 3-node "
+        "cluster. CLIENTS clients, PERSISTENT of them with persistent sessions, connect to n1 "
+        "through the front; n1 is drained: time until no client is left, no session is owned "
+        "there, and it is drained; reconnects and session present. Uses --run-dir and "
+        "--base-port.")
+    drain.add_argument("--drain", action="store_true", help="run the drain benchmark")
+    drain.add_argument("--drain-clients", type=_positive_int, default=1000,
+                       help="clients on the drained node (default: 1000)")
+    drain.add_argument("--drain-persistent", type=_positive_int, default=100,
+                       help="of them with persistent sessions (default: 100)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -144,7 +156,19 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         moves=args.moves, messages=args.messages or 20_000), render_sessions)
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    if args.drain_persistent > args.drain_clients:
+        print("mqfed bench: error: --drain-persistent must not exceed --drain-clients",
+              file=sys.stderr)
+        return 2
+    return _report(args, run_drain, DrainOptions(
+        run_dir=args.run_dir.resolve(), base_port=args.base_port, clients=args.drain_clients,
+        persistent=args.drain_persistent), render_drain)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.drain:
+        return cmd_drain(args)
     if args.scale:
         return cmd_scale(args)
     if args.sessions:

@@ -1,4 +1,5 @@
-"""`mqfed up | down | add-node | stop-node | start-node | status`: a local cluster on loopback."""
+"""`mqfed up | down | add-node | stop-node | start-node | rolling-restart | status`: a local
+cluster on loopback."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import NODE_ID_RE
-from sidecar.devcluster import launcher
+from sidecar.devcluster import launcher, rolling
 from sidecar.devcluster.layout import (
     DEFAULT_BASE_PORT,
     DEFAULT_CLUSTER,
@@ -98,6 +99,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _timeout(p)
     p.add_argument("--json", action="store_true", help="print the node's entry as JSON")
     p.set_defaults(func=cmd_start_node)
+
+    p = sub.add_parser("rolling-restart", help="restart every node, one at a time, losing "
+                       "nothing", description="For each node in turn: drain it (`mqfed ctl "
+                       "drain`: clients reconnect to the others through the front, sessions "
+                       "move with what they queued), stop it gracefully, start it again, and "
+                       "wait until it serves (ready, every peer stream up, HAProxy sending it "
+                       "clients) before the next.")
+    _run_dir(p)
+    p.add_argument("--node", dest="only", action="append", default=[],
+                   help="restart only this node (repeatable; in the order given)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds each drain, start and wait may take (default: 120)")
+    p.add_argument("--json", action="store_true", help="print the steps' times as JSON")
+    p.set_defaults(func=cmd_rolling_restart)
 
     p = sub.add_parser("status", help="show the local cluster of a run dir",
                        description="Show what runs in the run dir (PIDs of stopped parts are "
@@ -244,6 +259,31 @@ def cmd_start_node(args: argparse.Namespace) -> int:
         _print_json(entry)
     else:
         print(f"{ident} started: MQTT {entry['mqtt']}", flush=True)
+    return 0
+
+
+def cmd_rolling_restart(args: argparse.Namespace) -> int:
+    make_private()  # the restarted nodes' files 0600
+    run_dir = args.run_dir.resolve()
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        with launcher.deferred_signals():
+            done = rolling.rolling_restart(run_dir, args.only or None, args.timeout, say)
+    except ClusterError as exc:
+        return _fail("rolling-restart", exc)
+    except KeyboardInterrupt:
+        print("mqfed rolling-restart: interrupted; the node being restarted may be drained "
+              "or stopped (`mqfed start-node`, `mqfed ctl undrain`)", file=sys.stderr)
+        return 130
+    if args.json:
+        _print_json([d.as_dict() for d in done])
+    else:
+        for d in done:
+            print(f"{d.node}: drained {d.drain_s:.1f}s, restarted {d.restart_s:.1f}s, "
+                  f"serving {d.serving_s:.1f}s later", flush=True)
     return 0
 
 

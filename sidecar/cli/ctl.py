@@ -2,7 +2,7 @@
 
 Exit codes: 0 ok, 1 refused or failed (e.g. no or wrong token), 2 usage, 3 the node is
 unreachable, 4 partial answer (the nodes that did not answer are named on stderr and in
-`missing` of the JSON).
+`missing` of the JSON), 5 `drain --wait`: the drain did not finish in time (it goes on).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ from google.protobuf.json_format import MessageToDict
 from sidecar._proto import admin_pb2
 from sidecar.admin.auth import AuthError, read_token
 from sidecar.admin.client import AdminCallError, AdminClient
-from sidecar.admin.render import missing_line, render
+from sidecar.admin.render import drain_line, missing_line, render
 
-__all__ = ["OK", "PARTIAL", "REFUSED", "UNREACHABLE", "USAGE", "add_command"]
+__all__ = ["NOT_DONE", "OK", "PARTIAL", "REFUSED", "UNREACHABLE", "USAGE", "add_command"]
 
-OK, REFUSED, USAGE, UNREACHABLE, PARTIAL = 0, 1, 2, 3, 4
+OK, REFUSED, USAGE, UNREACHABLE, PARTIAL, NOT_DONE = 0, 1, 2, 3, 4, 5
+POLL = 1.0  # seconds between progress reads of `drain --wait`
 DEFAULT_NODE = "127.0.0.1:7101"
 
 _QUERIES = {  # command -> (method, Query fields taken from the arguments)
@@ -43,7 +45,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ctl", help="ask a node's admin API about the cluster",
         description="Ask any node; it answers for the whole cluster by asking the others. "
-        "Exit codes: 0 ok, 1 refused/failed, 2 usage, 3 unreachable, 4 partial answer.")
+        "Exit codes: 0 ok, 1 refused/failed, 2 usage, 3 unreachable, 4 partial answer, "
+        "5 drain --wait timed out.")
     p.add_argument("--node", dest="address",
                    default=os.environ.get("MQFED_CTL_NODE", DEFAULT_NODE),
                    help="HOST:PORT of a node's admin listener (default: $MQFED_CTL_NODE or "
@@ -80,6 +83,24 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("retained", help="retained messages (the replicated index)")
     c.add_argument("--prefix", default="", help="topic prefix")
     c.add_argument("--node", dest="only", action="append", default=[], help="node id")
+    c = cmds.add_parser(
+        "drain", help="drain a node: refuse clients, move them and their sessions elsewhere",
+        description="The node stops admitting clients (its /readyz fails, so load balancers "
+        "and Kubernetes take it out; connects are closed without a CONNACK, so clients retry "
+        "elsewhere), disconnects its clients (MQTT 5: DISCONNECT 0x98), lets their persistent "
+        "sessions move with what they queued, hands the sessions of clients that do not come "
+        "back to other nodes, and waits until nothing is queued there. It stays drained until "
+        "`undrain` or a restart. Any node passes the call on to the node named.")
+    c.add_argument("drain_node", metavar="NODE", help="the node id to drain")
+    c.add_argument("--wait", action="store_true",
+                   help="print the progress every second until it is drained")
+    c.add_argument("--wait-timeout", type=float, default=120.0,
+                   help="with --wait: give up waiting after this many seconds, exit 5 "
+                   "(default: 120)")
+    c.add_argument("--status", action="store_true",
+                   help="only show the progress of the node's drain")
+    c = cmds.add_parser("undrain", help="admit clients on a drained node again")
+    c.add_argument("drain_node", metavar="NODE", help="the node id")
     c = cmds.add_parser("trace", help="follow one test message through its hops")
     c.add_argument("--topic", required=True, help="topic to publish the test message on")
     c.add_argument("--qos", type=int, choices=(0, 1), default=1)
@@ -104,6 +125,10 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _request(args: argparse.Namespace) -> tuple[str, Any]:
+    if args.ctl_command in ("drain", "undrain"):
+        return "Drain", admin_pb2.DrainRequest(node_id=args.drain_node,
+                                               undrain=args.ctl_command == "undrain",
+                                               status_only=getattr(args, "status", False))
     if args.ctl_command == "trace":
         return "Trace", admin_pb2.TraceRequest(topic=args.topic, qos=args.qos,
                                                payload=args.payload.encode(), wait_ms=args.wait)
@@ -145,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
     method, request = _request(args)
     timeout = args.timeout + (args.wait / 1000 if method == "Trace" else 0)
     try:
+        if method == "Drain" and getattr(args, "wait", False) and not request.status_only:
+            return _drain_and_wait(args, token, request, credentials)
         reply = asyncio.run(_call(args.address, token, method, request, timeout, credentials))
     except AdminCallError as exc:
         if exc.unreachable:
@@ -162,3 +189,42 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         return fail(PARTIAL, missing_line(missing))
     return OK
+
+
+def _drain_and_wait(args: argparse.Namespace, token: str | None,
+                    request: admin_pb2.DrainRequest,
+                    credentials: grpc.ChannelCredentials | None) -> int:
+    """Start the drain, then read its progress every POLL seconds until it is drained (a
+    line on stderr each time), or `--wait-timeout` passes (exit NOT_DONE)."""
+    async def run() -> tuple[int, admin_pb2.DrainReply]:
+        client = AdminClient(args.address, token, credentials)
+        try:
+            reply = await client.call("Drain", request, args.timeout)
+            status = admin_pb2.DrainRequest(node_id=request.node_id, status_only=True)
+            deadline = time.monotonic() + args.wait_timeout
+            while reply.progress.state != "drained":
+                print(drain_line(reply.progress), file=sys.stderr, flush=True)
+                if reply.progress.state == "serving":
+                    return REFUSED, reply  # undrained meanwhile
+                if time.monotonic() > deadline:
+                    return NOT_DONE, reply
+                await asyncio.sleep(POLL)
+                reply = await client.call("Drain", status, args.timeout)
+            return OK, reply
+        finally:
+            await client.close()
+
+    code, reply = asyncio.run(run())
+    if args.json:
+        print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True,
+                                       always_print_fields_with_no_presence=True),
+                         indent=1, sort_keys=True), flush=True)
+    else:
+        print(render(reply), flush=True)
+    if code == NOT_DONE:
+        print(f"mqfed ctl: {request.node_id} is not drained after {args.wait_timeout:g}s; "
+              "the drain goes on (`mqfed ctl drain --status NODE`)", file=sys.stderr, flush=True)
+    elif code == REFUSED:
+        print(f"mqfed ctl: {request.node_id} was undrained during the wait", file=sys.stderr,
+              flush=True)
+    return code

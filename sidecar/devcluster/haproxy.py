@@ -1,4 +1,6 @@
-"""The HAProxy TCP front: round robin over the nodes' MQTT ports, health-checked (adapter)."""
+"""The HAProxy TCP front: round robin over the nodes' MQTT ports, health-checked by each node's
+`/readyz` (adapter): a node starting, draining (`mqfed ctl drain`) or stopping gets no new
+clients."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from sidecar.devcluster.procs import ProcRef, spawn
 
 BACKEND = "nodes"
 CHECK = "check inter 1s fall 2 rise 1"  # on each server: dynamic servers ignore default-server
+Server = tuple[str, int, int]  # name, MQTT port, metrics port (its /readyz)
 
 
 def find_haproxy() -> str | None:
@@ -30,11 +33,15 @@ def log_path(layout: Layout) -> Path:
     return layout.haproxy_dir / "haproxy.log"
 
 
-def server_line(name: str, port: int) -> str:
-    return f"    server {name} {HOST}:{port} {CHECK}"
+def server_line(name: str, port: int, check_port: int) -> str:
+    return f"    server {name} {HOST}:{port} {_check(check_port)}"
 
 
-def render(front_port: int, admin_socket: Path, servers: Sequence[tuple[str, int]]) -> str:
+def _check(check_port: int) -> str:
+    return f"{CHECK} port {check_port}"
+
+
+def render(front_port: int, admin_socket: Path, servers: Sequence[Server]) -> str:
     """haproxy.cfg text (pure). Long client/server timeouts: MQTT connections live long."""
     lines = [
         "# written by mqfed up; servers added later come through the admin socket",
@@ -52,12 +59,13 @@ def render(front_port: int, admin_socket: Path, servers: Sequence[tuple[str, int
         f"    default_backend {BACKEND}",
         f"backend {BACKEND}",
         "    balance roundrobin",
+        "    option httpchk GET /readyz  # on the node's metrics port: 503 unless it serves",
     ]
-    lines += [server_line(name, port) for name, port in servers]
+    lines += [server_line(name, port, check) for name, port, check in servers]
     return "\n".join(lines) + "\n"
 
 
-def write_config(layout: Layout, servers: Sequence[tuple[str, int]]) -> Path:
+def write_config(layout: Layout, servers: Sequence[Server]) -> Path:
     layout.haproxy_dir.mkdir(parents=True, exist_ok=True)
     path = config_path(layout)
     tmp = path.with_name(path.name + ".tmp")
@@ -66,7 +74,7 @@ def write_config(layout: Layout, servers: Sequence[tuple[str, int]]) -> Path:
     return path
 
 
-def start(binary: str, layout: Layout, servers: Sequence[tuple[str, int]]) -> ProcRef:
+def start(binary: str, layout: Layout, servers: Sequence[Server]) -> ProcRef:
     """Write the config and start HAProxy in the foreground (-db), logging to a file."""
     path = write_config(layout, servers)
     _, ref = spawn([binary, "-db", "-f", str(path)], log_path(layout),
@@ -86,9 +94,9 @@ def command(layout: Layout, line: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode(errors="replace").strip()
 
 
-def add_server(layout: Layout, name: str, port: int) -> None:
+def add_server(layout: Layout, name: str, port: int, check_port: int) -> None:
     """Add a node to the running HAProxy (dynamic server, health check on) and to its config."""
-    answer = command(layout, f"add server {BACKEND}/{name} {HOST}:{port} {CHECK}")
+    answer = command(layout, f"add server {BACKEND}/{name} {HOST}:{port} {_check(check_port)}")
     if "New server registered" not in answer and "Already exists" not in answer:
         raise RuntimeError(f"HAProxy refused server {name}: {answer}")
     for line in (f"enable health {BACKEND}/{name}", f"enable server {BACKEND}/{name}"):

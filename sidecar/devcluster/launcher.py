@@ -225,7 +225,7 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
         _checkpoint()
     _wait_nodes(lay, list(state.nodes.values()), opts.timeout)
     save(state)
-    servers = [(n.id, n.ports.mqtt) for n in state.nodes.values()]
+    servers = [(n.id, n.ports.mqtt, n.ports.metrics) for n in state.nodes.values()]
     state.haproxy = haproxy.start(haproxy_bin, lay, servers)
     save(state)
     _checkpoint()
@@ -288,11 +288,12 @@ def add_node(run_dir: Path, timeout: float = 30.0) -> tuple[ClusterState, NodeRe
             save(state)
             _wait_nodes(lay, [node], timeout)
             try:
-                haproxy.add_server(lay, node.id, node.ports.mqtt)
+                haproxy.add_server(lay, node.id, node.ports.mqtt, node.ports.metrics)
             except (OSError, RuntimeError) as exc:
                 raise ClusterError(f"adding {node.id} to HAProxy failed: {exc}; see "
                                    f"{haproxy.log_path(lay)}") from None
-            haproxy.write_config(lay, [(n.id, n.ports.mqtt) for n in state.nodes.values()])
+            haproxy.write_config(lay, [(n.id, n.ports.mqtt, n.ports.metrics)
+                                       for n in state.nodes.values()])
         except BaseException:
             nodes.stop_node(lay, node, "term")
             del state.nodes[node.id]

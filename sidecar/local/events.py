@@ -190,7 +190,8 @@ class Connect:
 
 @dataclass(frozen=True)
 class ConnectRejected:
-    """A connection was refused: ``reason`` is ``denied`` (the deny list) or ``auth``."""
+    """A connection was refused: ``reason`` is ``denied`` (the deny list), ``starting`` (the
+    sessions gate), ``draining`` (admission closed by a drain) or ``auth``."""
 
     TYPE: ClassVar[str] = "connect_rejected"
     epoch: str

@@ -23,6 +23,7 @@ from sidecar.broker import conf as broker_conf
 from sidecar.broker.process import MosquittoProcess
 from sidecar.config import NodeConfig, is_loopback, replica_count
 from sidecar.drain import drain
+from sidecar.drain.service import DrainService
 from sidecar.local.event_stream import EventStream
 from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
@@ -34,7 +35,7 @@ from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_pee
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
 from sidecar.node.status import node_status, write_status
 from sidecar.node.sync import PluginSync
-from sidecar.peering.handshake import Hello
+from sidecar.peering.handshake import SESSIONS, WILLS, Hello
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
 from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
@@ -67,6 +68,7 @@ class Node:
                                on_event=self._on_client_event, on_snapshot=self._on_snapshot)
         self.sessions: SessionService | None = None
         self.wills: WillService | None = None
+        self.drainer: DrainService | None = None  # `mqfed ctl drain` (issue 20)
         self._members: dict[str, int] = {}  # the last membership view, for the wills
         self.broker: MosquittoProcess | None = None
         self.routing: RoutingService | None = None
@@ -126,6 +128,8 @@ class Node:
             self.wills.on_event(event)
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if self.drainer is not None:  # a restarted Mosquitto admits everyone again
+            self.drainer.on_resync()
         if self.sessions is not None:
             self.sessions.on_snapshot(snapshot)
         if self.wills is not None:
@@ -277,25 +281,29 @@ class Node:
         assert link is not None
         self.sessions = SessionService(
             self.config.node_id, incarnation, self.layout.run_dir, self.layout.socket_path,
-            secret, link.request, routing.transport, lambda: list(routing.queues),
+            secret, link.request, routing.transport, lambda: routing.peers_with(SESSIONS),
             routing.settle_to, replicas=replica_count(self.config["sessions"]["replicas"]),
             down_grace=self.config["sessions"]["down_grace"])
         routing.sessions = self.sessions
         self.wills = self._build_wills(routing, incarnation)
         routing.wills = self.wills
+        self.drainer = DrainService(self.config.node_id, link.request, self.table, routing,
+                                    self.sessions)
+        routing.drain = self.drainer
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then
         except PeerTransportError as exc:
             raise NodeError(str(exc)) from None
         self.sessions.start()
         self.wills.start()
+        self.drainer.start_ticking()
         return snapshot
 
     def _build_wills(self, routing: RoutingService, incarnation: int) -> WillService:
         assert self.link is not None and self.sessions is not None
         return WillService(
             self.config.node_id, self.layout.run_dir, self.config["wills"]["grace"], self.link,
-            routing.transport, lambda: list(routing.queues), self.sessions.registry,
+            routing.transport, lambda: routing.peers_with(WILLS), self.sessions.registry,
             lambda: self._membership_view(incarnation), routing.on_retained_seen)
 
     def _membership_view(self, incarnation: int) -> dict[str, int]:
@@ -312,6 +320,9 @@ class Node:
     async def _abandon_start(self) -> None:
         """Start-up failed after Mosquitto was up: undo what started, and stop the Mosquitto
         this process spawned (one it adopted keeps serving its clients until we return)."""
+        if self.drainer is not None:
+            with contextlib.suppress(Exception):
+                await self.drainer.close()
         if self.sessions is not None:
             with contextlib.suppress(Exception):
                 await self.sessions.stop()
@@ -386,6 +397,8 @@ class Node:
             await self.sync.stop()
             self.ready = False
             await self.admin.stop()
+            if self.drainer is not None:
+                await self.drainer.close()
             if self.sessions is not None:
                 await self.sessions.stop()
             if self.wills is not None:

@@ -53,6 +53,8 @@ class NodeCollector(Collector):
             yield from self._cluster_sessions()
         if node.wills is not None:
             yield from self._wills()
+        if node.drainer is not None:
+            yield from self._drain()
 
     def _plugin(self) -> Iterator[Metric]:
         s = self.node.stream.stats()
@@ -111,6 +113,29 @@ class NodeCollector(Collector):
         yield HistogramMetricFamily("mqfed_session_handover_seconds", "Time to make a moving "
                                     "session on this node (the client waits that long, plus "
                                     "its reconnect delay).", buckets=buckets, sum_value=total)
+
+    def _drain(self) -> Iterator[Metric]:
+        """The drain (`mqfed ctl drain`) and what mixed versions cost (issue 20)."""
+        assert self.node.drainer is not None
+        p = self.node.drainer.progress()
+        state = _gauge("drain", "1 for this node's drain state (serving, draining, drained).",
+                       ["state"])
+        for name in ("serving", "draining", "drained"):
+            state.add_metric([name], 1 if p.state == name else 0)
+        yield state
+        yield GaugeMetricFamily("mqfed_drain_sessions_owned", "Sessions this draining node "
+                                "still owns.", value=p.sessions_owned if p.state != "serving"
+                                else 0)
+        routing = self.node.routing
+        if routing is None:
+            return
+        withheld = _counter("peer_frames_withheld", "Frames not sent to a peer that cannot "
+                            "read them (an older version without the capability).",
+                            ["peer", "capability"])
+        for peer, st in routing.transport.states().items():
+            for cap, n in (st.get("withheld") or {}).items():
+                withheld.add_metric([peer, cap], n)
+        yield withheld
 
     def _wills(self) -> Iterator[Metric]:
         assert self.node.wills is not None

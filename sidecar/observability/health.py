@@ -15,6 +15,7 @@ class HealthFacts:
     stopping: bool
     loop_lag_s: float     # how late the node's periodic tick is
     fatal: str | None = None
+    draining: bool = False  # `mqfed ctl drain`: the node refuses clients
 
 
 LIVE_LAG_LIMIT = 10.0
@@ -28,9 +29,12 @@ def liveness(f: HealthFacts) -> tuple[int, bytes]:
 
 
 def readiness(f: HealthFacts) -> tuple[int, bytes]:
-    """200 once the node serves clients and routes; 503 while starting or stopping."""
+    """200 once the node serves clients and routes; 503 while starting, draining (so load
+    balancers and Kubernetes take it out) or stopping."""
     if f.stopping:
         return _answer(False, f.node_id, "stopping")
+    if f.draining:
+        return _answer(False, f.node_id, "draining: clients are refused and sent elsewhere")
     if not f.ready:
         return _answer(False, f.node_id, "starting: the plugin's event stream is not in sync yet")
     return _answer(True, f.node_id, "ready")

@@ -12,8 +12,10 @@ runs `check` on the Welcome too (the same rules apply in both directions). Rules
 4. an incarnation not lower than the highest one accepted before for that node id, else
    STALE_INCARNATION (an older process of a node that has restarted since).
 
-Accepted: the capabilities in effect are the intersection of both lists, the protocol minor in
-effect is the lower of both, and the peer's incarnation is remembered.
+Accepted: the capabilities in effect are those both sides have, the protocol minor in effect
+is the lower of both, and the peer's incarnation is remembered. A peer of a minor version from
+before a feature had its flag (retained messages and sessions before 1.3, ...) has that feature
+without listing it (`implied`): what it can read, not what it announces, decides.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CAPABILITIES",
+    "DRAIN",
     "INTEREST_CHUNKS",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
@@ -32,21 +35,51 @@ __all__ = [
     "Hello",
     "Refuse",
     "RefuseCode",
+    "RETAINED",
+    "SESSIONS",
+    "SESSION_REPLICAS",
     "WILLS",
+    "implied",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 2
-"""1.2: with a peer token, challenge-response authentication before the Hello (the token
-itself never travels; sidecar/challenge.py; a 1.1 node presenting the token is refused), and
-the replicated will table (capability `wills`)."""
+PROTOCOL_MINOR = 3
+"""1.3: every feature whose frames an older node cannot read has a capability flag, and a
+node sends a peer only frames of features both have (`sidecar.peering.capabilities`);
+NodeState frames (capability `drain`). 1.2: with a peer token, challenge-response
+authentication before the Hello (the token itself never travels; sidecar/challenge.py; a 1.1
+node presenting the token is refused), and the replicated will table (capability `wills`)."""
 SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
 INTEREST_CHUNKS = "interest-chunks"
 """1.1: interest snapshots in chunks, and InterestApplied replies (interest lag)."""
 WILLS = "wills"
 """1.2: WillRecords / WillRecordsAck frames (the replicated will table, issue 19)."""
-CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS})
+RETAINED = "retained"
+"""Retained* frames (the replicated retained index); every 1.1 and 1.2 node has them."""
+SESSIONS = "sessions"
+"""Session* frames (the session registry, moves and backlogs); every 1.1 and 1.2 node."""
+SESSION_REPLICAS = "session-replicas"
+"""The node makes replicas of persistent sessions (no frame of its own: a node without it is
+never counted as a replica); every 1.2 node."""
+DRAIN = "drain"
+"""1.3: NodeState frames (a node tells its peers it drains: they stop counting it as a
+replica or as a target for sessions)."""
+CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
+                                          SESSION_REPLICAS, DRAIN})
 """Optional features this version implements."""
+FLAGGED_SINCE = 3
+"""From this minor on, a node lists every capability it has: nothing is implied."""
+_IMPLIED: dict[int, frozenset[str]] = {
+    0: frozenset(),  # 1.0 nodes differ (retained and sessions came within 1.0): none assumed
+    1: frozenset({INTEREST_CHUNKS, RETAINED, SESSIONS}),
+    2: frozenset({INTEREST_CHUNKS, RETAINED, SESSIONS, WILLS, SESSION_REPLICAS}),
+}
+
+
+def implied(minor: int) -> frozenset[str]:
+    """What a peer of protocol 1.`minor` can do without listing it (releases from before the
+    flag; from `FLAGGED_SINCE` on, nothing)."""
+    return _IMPLIED.get(minor, frozenset()) if minor < FLAGGED_SINCE else frozenset()
 
 
 class RefuseCode(enum.IntEnum):
@@ -139,7 +172,7 @@ class Handshake:
         return Accept(
             peer=peer,
             welcome=me,
-            capabilities=me.capabilities & peer.capabilities,
+            capabilities=me.capabilities & (peer.capabilities | implied(peer.protocol_minor)),
             protocol_minor=min(me.protocol_minor, peer.protocol_minor),
         )
 

@@ -32,6 +32,7 @@ import grpc.aio
 from sidecar._proto import peer_pb2
 from sidecar.grpc_auth import Authenticator, Checked, Gate, Prover, refusal_of
 from sidecar.peering import wire
+from sidecar.peering.capabilities import needs
 from sidecar.peering.dialer import Backoff, DialError, Dialled, PeerRefused, dial
 from sidecar.peering.frame_stream import Counters, FrameStream
 from sidecar.peering.handshake import Accept, Handshake, Refuse
@@ -94,6 +95,11 @@ class _Peer:
         self.failures = 0
         self.last_error: str | None = None
         self.incarnation: int | None = None
+        # what the handshake of each stream settled on (sidecar.peering.capabilities)
+        self.out_caps: frozenset[str] = frozenset()
+        self.in_caps: frozenset[str] = frozenset()
+        self.minor: int | None = None  # the peer's protocol minor, as its last handshake said
+        self.withheld: dict[str, int] = {}  # frames not sent: capability -> count
 
 
 class PeerTransport:
@@ -236,12 +242,20 @@ class PeerTransport:
         """Queue a frame (or a serialized Frame) on our stream to `peer`; False if it is not up.
         Raises FrameTooLarge if it exceeds `max_message_bytes`."""
         p = self._peers.get(peer)
-        return p is not None and self._enqueue(p.outbound, frame)
+        return p is not None and self._enqueue(p.outbound, frame, p, p.out_caps)
 
     def reply(self, peer: str, frame: peer_pb2.Frame | bytes) -> bool:
         """Queue a frame on the stream `peer` dialled to us (acks, interest requests)."""
         p = self._peers.get(peer)
-        return p is not None and self._enqueue(p.inbound, frame)
+        return p is not None and self._enqueue(p.inbound, frame, p, p.in_caps)
+
+    def capabilities(self, peer: str) -> frozenset[str] | None:
+        """What the handshake with `peer` settled on (our stream to it first; None: no stream
+        was ever up)."""
+        p = self._peers.get(peer)
+        if p is None or p.minor is None:
+            return None
+        return p.out_caps if p.outbound is not None or not p.in_caps else p.in_caps
 
     def connected(self, peer: str, inbound: bool = False) -> bool:
         """Whether our stream to `peer` (or, with `inbound`, its stream to us) is up."""
@@ -272,6 +286,9 @@ class PeerTransport:
                 "reconnects": max(0, p.ups - 1),
                 "failures": p.failures,
                 "last_error": p.last_error,
+                "protocol": None if p.minor is None else f"1.{p.minor}",
+                "capabilities": sorted(self.capabilities(node) or ()),
+                "withheld": dict(p.withheld),
                 "outbound": self._stream_state(
                     p.outbound, "down" if p.out_state == "up" else p.out_state, p.out_counters),
                 "inbound": self._stream_state(p.inbound, "down", p.in_counters),
@@ -280,10 +297,15 @@ class PeerTransport:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _enqueue(self, stream: FrameStream | None, frame: peer_pb2.Frame | bytes) -> bool:
+    def _enqueue(self, stream: FrameStream | None, frame: peer_pb2.Frame | bytes, p: _Peer,
+                 caps: frozenset[str]) -> bool:
         if stream is None or not stream.announced or stream.closed:
             return False
         data = wire.encode(frame)
+        needed = needs(data)
+        if needed is not None and needed not in caps:  # a frame that peer cannot read
+            p.withheld[needed] = p.withheld.get(needed, 0) + 1
+            return False
         if len(data) > self.max_message_bytes:
             raise FrameTooLarge(
                 f"a frame of {len(data)} bytes for peer {stream.peer!r} exceeds"
@@ -417,6 +439,7 @@ class PeerTransport:
         stream = self._new_stream(p, False, call.read, call.write)
         try:
             p.outbound, p.out_state, p.incarnation = stream, "up", dialled.accept.peer.incarnation
+            p.out_caps, p.minor = dialled.accept.capabilities, dialled.accept.peer.protocol_minor
             p.ups += 1
             stream.announced = True
             log.info("peer stream up", extra={"peer": p.node_id, "direction": "outbound",
@@ -474,6 +497,7 @@ class PeerTransport:
         if stream.closed:  # replaced or stopped while Welcome was being sent
             await context.abort(grpc.StatusCode.UNAVAILABLE, stream.reason)
         p.incarnation = accept.peer.incarnation
+        p.in_caps, p.minor = accept.capabilities, accept.peer.protocol_minor
         stream.announced = True
         log.info("peer stream up", extra={"peer": node, "direction": "inbound",
                                           "incarnation": p.incarnation})

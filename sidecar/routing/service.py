@@ -26,7 +26,16 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
-from sidecar.peering.handshake import INTEREST_CHUNKS, WILLS, Accept, Handshake, Hello
+from sidecar.peering.handshake import (
+    DRAIN,
+    INTEREST_CHUNKS,
+    RETAINED,
+    SESSIONS,
+    WILLS,
+    Accept,
+    Handshake,
+    Hello,
+)
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
@@ -160,9 +169,10 @@ class RoutingService:
         self.pacing = Pacing(fwd.max_queued)
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
         self.wills: PeerFrames | None = None  # the will table's frames (node sets)
+        self.drain: PeerFrames | None = None  # NodeState frames (node sets)
         self._barriers = itertools.count(1)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
-                                        lambda: list(self.queues), read_retained,
+                                        lambda: self.peers_with(RETAINED), read_retained,
                                         tombstone_grace)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -291,22 +301,32 @@ class RoutingService:
             self._chunked.discard(peer)
         self._send_interest()  # what the table changed before goes first: the snapshot has it
         self._send_snapshot(peer)
-        self.retained.on_peer_up(peer)
-        if self.sessions is not None:
+        if RETAINED in accept.capabilities:  # a peer without a feature never gets its frames
+            self.retained.on_peer_up(peer)
+        if self.sessions is not None and SESSIONS in accept.capabilities:
             self.sessions.on_peer_up(peer)
         if self.wills is not None and WILLS in accept.capabilities:
             self.wills.on_peer_up(peer)
+        if self.drain is not None and DRAIN in accept.capabilities:
+            self.drain.on_peer_up(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_connected()
             self.pacing.on_reconnected(peer, queue.count(), time.monotonic())  # an outage's
             self._schedule_flush()  # backlog drains paced
 
+    def peers_with(self, capability: str) -> list[str]:
+        """The peers routed to whose last handshake settled on `capability` (the others never
+        get its frames; `sidecar.peering.capabilities`)."""
+        return [p for p in self.queues if capability in (self.transport.capabilities(p) or ())]
+
     def on_outbound_down(self, peer: str, reason: str) -> None:
         log.info("peer stream down", extra={"peer": peer, "reason": reason})
         self.retained.on_peer_down(peer)
         if self.sessions is not None:
             self.sessions.on_peer_down(peer)
+        if self.drain is not None:
+            self.drain.on_peer_down(peer)
         queue = self.queues.get(peer)
         if queue is not None:
             queue.on_disconnected()
@@ -350,6 +370,8 @@ class RoutingService:
             self.sessions.on_frame(peer, frame, inbound)
         elif kind is not None and kind.startswith("will_") and self.wills is not None:
             self.wills.on_frame(peer, frame, inbound)
+        elif kind == "node_state" and self.drain is not None:
+            self.drain.on_frame(peer, frame, inbound)
 
     def on_retained_seen(self, event: RetainedSeen) -> None:
         """A local client's retained publish (plugin event): the retained path takes it."""

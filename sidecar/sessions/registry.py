@@ -178,6 +178,9 @@ class SessionRegistry:
     # lost here and given to a replica: client -> the connect HLC of the record handed off
     handed_off: dict[str, int] = field(default_factory=dict)
     next_sweep_ms: int = 0  # when on_tick next looks for expired copies here
+    # nodes that hold no replicas and take no session handed off: draining ones, and peers
+    # of a version without replicas (set by the adapter; `set_unavailable`)
+    unavailable: frozenset[str] = frozenset()
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
@@ -446,8 +449,56 @@ class SessionRegistry:
         sees the nodes up: the first `replicas` - 1 by rendezvous hash (all: every one)."""
         if self.replicas == 1:
             return []
-        nodes = ranked(client, (self.up | {self.node_id}) - {owner})
+        nodes = ranked(client, (self.up | {self.node_id}) - {owner} - self.unavailable)
         return nodes if self.replicas == 0 else nodes[:self.replicas - 1]
+
+    # ---- drain (issue 20) -----------------------------------------------------------------
+    def set_unavailable(self, nodes: frozenset[str], now_ms: int) -> list[Action]:
+        """Nodes no longer counted as replicas nor as targets of a hand-off (draining, or of
+        an older version); this node among them while it drains: its replicas go."""
+        nodes = frozenset(nodes)
+        if nodes == self.unavailable:
+            return []
+        self.unavailable = nodes
+        return self._settle_all(now_ms)
+
+    def hand_off_all(self, now_ms: int) -> list[Action]:
+        """This node drains: give every persistent session it owns whose client is offline
+        to another node up, a replica first. The record names the new owner with a connect
+        of its own (this node's clock), so the copy here is drained to it after a barrier,
+        as when a client moves; a replica there becomes the session (adopted) and gets that
+        backlog too (what both hold comes twice, nothing is lost). Sessions busy or without
+        a node to go to are left for a later call."""
+        out: list[Action] = []
+        for client, record in list(self.records.items()):
+            if record.owner != self.node_id or record.online or client in self.busy \
+                    or not self._resumable(record, now_ms):
+                continue
+            target = self._hand_off_target(client)
+            if target is None:
+                continue
+            self.counters["handed_off"] += 1
+            hlc = self.clock.now(now_ms).pack()
+            out += self._store(replace(record, owner=target, connect_hlc=hlc, change_hlc=hlc,
+                                       fresh=False))
+            out += self._settle(client, now_ms)
+        return out
+
+    def _hand_off_target(self, client: str) -> str | None:
+        """A live replica of `client`'s session, else the first other available node up."""
+        live = [n for n in self.replica_nodes(client, self.node_id) if n in self.up]
+        if live:
+            return live[0]
+        others = ranked(client, self.up - self.unavailable - {self.node_id})
+        return others[0] if others else None
+
+    def drain_progress(self, now_ms: int) -> dict[str, int]:
+        """What still ties sessions to this node: sessions it owns (online or not), copies
+        its Mosquitto holds (offline sessions, replicas, shadows), operations in progress."""
+        owned = sum(1 for r in self.records.values() if r.owner == self.node_id
+                    and (r.online or self._resumable(r, now_ms)))
+        return {"sessions_owned": owned, "session_copies": sum(
+            1 for p in self.presence.values() if p != "online"), "session_ops": len(self.busy)}
 
     # ---- internals -----------------------------------------------------------------------
     def _owned(self, client: str) -> SessionRecord | None:

@@ -465,6 +465,20 @@ class SessionService:
         # PUBREL, so a QoS 1 marker could overtake QoS 2 messages queued before it
         await self.request("deliver", client=client, topic=topic, payload=payload, qos=2)
 
+    # ---- drain (issue 20) -----------------------------------------------------------------
+    def set_unavailable(self, nodes: frozenset[str]) -> None:
+        """Nodes that hold no replicas and take no hand-off (`sidecar.drain`)."""
+        self._run(self.registry.set_unavailable(nodes, _wall_ms()))
+
+    def hand_off_all(self) -> None:
+        """This node drains: its offline sessions go to other nodes (`SessionRegistry`)."""
+        self._run(self.registry.hand_off_all(_wall_ms()))
+
+    def drain_progress(self) -> dict[str, int]:
+        """Sessions still tied to this node, and session frames in flight to peers."""
+        return {**self.registry.drain_progress(_wall_ms()),
+                "session_records_unsent": len(self._unpublished)}
+
     # ---- views ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Counts (and, up to DETAIL_LIMIT records, the client ids with a live session)."""

@@ -19,7 +19,7 @@ from sidecar.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 
 CTL_SUBCOMMANDS = ("status", "nodes", "routes", "subscriptions", "clients", "sessions", "retained",
-                   "trace")
+                   "drain", "undrain", "trace")
 # every option of `mqfed ctl` itself, with a value unlike its default
 CTL_OPTIONS = {
     "--node": ["10.0.0.9:7999"],

@@ -111,6 +111,8 @@ static const char *const COMMANDS[] = {
 	"{\"v\":1,\"id\":\"9\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"admit\",\"client\":\"c2\"}",
 	"{\"v\":1,\"id\":\"a\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"hold\",\"client\":\"c3\",\"on\":true}",
 	"{\"v\":1,\"id\":\"b\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"open_sessions\"}",
+	"{\"v\":1,\"id\":\"g\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"admission\",\"open\":false}",
+	"{\"v\":1,\"id\":\"h\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"admission\",\"open\":1}",
 	"{\"v\":1,\"id\":\"c\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"pressure\",\"unacked\":5,\"taken\":2,\"shed_ms\":600000}",
 	"{\"v\":1,\"id\":\"d\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"stats\"}",
 	"{\"v\":2,\"id\":\"e\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"nope\"}",
@@ -177,7 +179,7 @@ void seeds_make(struct blob **out, size_t *count)
 
 const char *const FUZZ_DICTIONARY[] = {
 	"\"cmd\":\"deliver\"", "\"cmd\":\"snapshot\"", "\"cmd\":\"resume\"", "\"cmd\":\"kick\"",
-	"\"cmd\":\"deny\"", "\"cmd\":\"hold\"", "\"cmd\":\"pressure\"", "\"cmd\":\"ack\"",
+	"\"cmd\":\"deny\"", "\"cmd\":\"hold\"", "\"cmd\":\"admission\"", "\"cmd\":\"pressure\"", "\"cmd\":\"ack\"",
 	"\"properties\":{\"user\":[[\"a\",\"b\"]]}", "\"correlation_data\":\"", "\"payload\":\"",
 	"\"client\":\"mqfed-sidecar.fwd\"", "\"subscription\":\"$share/g/#\"", "\"qos\":2",
 	"\"seq\":", "\"from_seq\":", "\"epoch\":", "1e308", "-1", "18446744073709551616", "0.5",

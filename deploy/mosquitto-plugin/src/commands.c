@@ -29,6 +29,11 @@ static unsigned snapshot_chunk;
  * a CONNACK until the sidecar, in sync, has put the sessions held elsewhere on the deny list
  * and made the ones this node owns (`open_sessions`): a restarted Mosquitto has none. */
 static bool gate_closed;
+/* Closed by `admission` (a drain): every connect but the sidecar's own connections and its
+ * shadows is closed without a CONNACK, a retriable network failure: the client tries again
+ * elsewhere (through its load balancer). */
+static bool admission_closed;
+static uint64_t drained_connects;
 static struct id_entry *denies;
 static uint64_t denied_connects;
 
@@ -41,6 +46,13 @@ void commands_init(unsigned chunk, bool sessions_gate)
 bool sessions_gate_closed(void)
 {
 	return gate_closed;
+}
+
+bool admission_refuses(void)
+{
+	if(!admission_closed) return false;
+	drained_connects++;
+	return true;
 }
 
 /* ---- the deny list ------------------------------------------------------------------ */
@@ -104,8 +116,10 @@ void commands_cleanup(void)
 	id_clear(&denies);
 
 	denied_connects = 0;
+	drained_connects = 0;
 	snapshot_chunk = 0;
 	gate_closed = false;
+	admission_closed = false;
 }
 
 /* ---- replies --------------------------------------------------------------------------- */
@@ -447,6 +461,25 @@ static void cmd_admit(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+/* A drain (`open` false) or its end (`open` true): see admission_closed. Connections already
+ * up stay; the sidecar kicks them. */
+static void cmd_admission(const struct request *rq, const cJSON *req)
+{
+	const cJSON *open = cJSON_GetObjectItemCaseSensitive(req, "open");
+
+	if(!cJSON_IsBool(open)){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	if(admission_closed == cJSON_IsTrue(open)){
+		mosquitto_log_printf(MOSQ_LOG_NOTICE, "mqfed: %s", cJSON_IsTrue(open)
+				? "admitting clients again (the drain ended)"
+				: "draining: refusing every client connect (no CONNACK: clients retry elsewhere)");
+	}
+	admission_closed = !cJSON_IsTrue(open);
+	reply_ok(rq);
+}
+
 /* The sidecar's report (every ~0.5 s): the copies it holds unacknowledged, its running count
  * of copies taken, and how long to shed (shed.c). */
 static void cmd_pressure(const struct request *rq, const cJSON *req)
@@ -497,6 +530,8 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "overflows", (double)ev.overflows);
 		cJSON_AddNumberToObject(o, "denied", HASH_COUNT(denies));
 		cJSON_AddNumberToObject(o, "denied_connects", (double)denied_connects);
+		cJSON_AddBoolToObject(o, "admission", !admission_closed);
+		cJSON_AddNumberToObject(o, "drained_connects", (double)drained_connects);
 		cJSON_AddNumberToObject(o, "held", (double)held);
 		cJSON_AddNumberToObject(o, "ring_messages", (double)ring_messages);
 		cJSON_AddNumberToObject(o, "ring_bytes", (double)ring_bytes);
@@ -585,6 +620,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 	}else if(streq(rq.cmd, "open_sessions")){
 		gate_closed = false;
 		reply_ok(&rq);
+	}else if(streq(rq.cmd, "admission")){
+		cmd_admission(&rq, req);
 	}else if(streq(rq.cmd, "pressure")){
 		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "stats")){

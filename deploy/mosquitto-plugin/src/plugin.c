@@ -530,6 +530,11 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		pending_add(client, id, ed->username);
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(admission_refuses()){
+		/* the node drains (commands.c): a retriable network failure, tried elsewhere */
+		emit_connect_rejected(id, ed->username, "draining");
+		return MOSQ_ERR_UNKNOWN;
+	}
 	if(sessions_gate_closed() && !mosquitto_client_clean_session(client)){
 		/* sessions not offered yet (commands.c): a retriable network failure */
 		emit_connect_rejected(id, ed->username, "starting");

@@ -135,3 +135,20 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     for phase in ("traffic_before", "traffic_with"):
         assert report[phase]["received"] == 500 and report[phase]["msgs_per_s"] > 0
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
+
+
+def test_drain_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -> None:
+    """`--drain` with small numbers: every client reconnects elsewhere, every persistent
+    session resumes with session present; times present, never judged."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    result = mqfed("bench", "--drain", "--drain-clients", "40", "--drain-persistent", "8",
+                   "--json", "--run-dir", str(bench_dir / "cluster"), "--base-port",
+                   str(_base_port()), timeout=300)
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["clients"], report["persistent"]) == (40, 8)
+    assert report["reconnected"] == 40 and report["persistent_reconnected"] == 8
+    assert report["session_present"] == 8
+    assert 0 <= report["no_client_after_s"] <= report["drained_after_s"]
+    assert not find(str(bench_dir)), "bench left processes of its run dir running"

@@ -62,10 +62,12 @@ def test_launcher_settings_beat_environment_overrides(monkeypatch) -> None:
 
 
 def test_haproxy_config_is_valid_tcp_round_robin(tmp_path: Path) -> None:
-    text = haproxy.render(20000, tmp_path / "admin.sock", [("n1", 20001), ("n2", 20002)])
+    text = haproxy.render(20000, tmp_path / "admin.sock",
+                          [("n1", 20001, 20301), ("n2", 20002, 20302)])
     assert "mode tcp" in text and "balance roundrobin" in text
     assert "bind 127.0.0.1:20000" in text
-    assert "server n2 127.0.0.1:20002 check" in text
+    assert "server n2 127.0.0.1:20002 check" in text and "port 20302" in text
+    assert "option httpchk GET /readyz" in text  # a draining node gets no new clients
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(text)
     binary = haproxy.find_haproxy()

@@ -188,3 +188,30 @@ def test_dockerfile_takes_the_base_image_as_an_argument():
     first = next(line for line in text.splitlines() if line and not line.startswith("#"))
     assert first == "ARG BASE_IMAGE=debian:bookworm-slim"
     assert "FROM ${BASE_IMAGE} AS base" in text
+
+
+def test_k8s_pods_drain_before_they_stop():
+    """Issue 20: a rolling update replaces one pod at a time, each drained first by its
+    preStop hook, within the termination grace period; the next waits for readiness."""
+    sts = next(s for s in _by_kind("StatefulSet") if s["metadata"]["name"] == "mqfed")
+    spec = sts["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    command = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    assert "mqfed ctl" in command and 'drain "$MQFED_NODE_ID"' in command and "--wait" in command
+    names = {e["name"] for e in container["env"]}
+    assert {"MQFED_NODE_ID", "MQFED_ADMIN_LISTEN", "MQFED_ADMIN_TOKEN"} <= names
+    wait = int(re.search(r"--wait-timeout (\d+)", command).group(1))
+    assert pod["terminationGracePeriodSeconds"] >= wait + 20  # then the graceful leave
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert spec["updateStrategy"]["type"] == "RollingUpdate" and spec["minReadySeconds"] >= 5
+    pdb = next(p for p in _by_kind("PodDisruptionBudget") if p["metadata"]["name"] == "mqfed")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_the_compose_front_checks_readiness():
+    """A draining node fails /readyz: the front stops sending it clients."""
+    haproxy = (DOCKER / "haproxy.cfg").read_text()
+    assert re.search(r"^\s*option httpchk GET /readyz$", haproxy, re.M)
+    port = int(re.search(r"check port (\d+)", haproxy).group(1))
+    assert port == _metrics_port_from_image_config()

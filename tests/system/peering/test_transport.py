@@ -27,7 +27,15 @@ import pytest
 
 from sidecar._proto import peer_pb2
 from sidecar.peering.dialer import Backoff
-from sidecar.peering.handshake import Accept, Handshake, Hello, RefuseCode
+from sidecar.peering.handshake import (
+    CAPABILITIES,
+    INTEREST_CHUNKS,
+    PROTOCOL_MINOR,
+    Accept,
+    Handshake,
+    Hello,
+    RefuseCode,
+)
 from sidecar.peering.transport import FrameTooLarge, PeerTransport, PeerTransportError
 from sidecar.peering.wire import METHOD
 from tests.harness.procs import free_port
@@ -121,9 +129,12 @@ class Nodes:
         self.all: list[PeerTransport] = []
 
     async def start(self, node: str, *, cluster: str = "c", incarnation: int = 1,
-                    major: int = 1, **options: Any) -> tuple[PeerTransport, Recorder]:
+                    major: int = 1, minor: int = PROTOCOL_MINOR,
+                    capabilities: frozenset[str] = CAPABILITIES,
+                    **options: Any) -> tuple[PeerTransport, Recorder]:
         port = free_port()
-        me = Hello(cluster, node, incarnation, f"127.0.0.1:{port}", protocol_major=major)
+        me = Hello(cluster, node, incarnation, f"127.0.0.1:{port}", protocol_major=major,
+                   protocol_minor=minor, capabilities=capabilities)
         recorder = Recorder()
         transport = PeerTransport(Handshake(me, frozenset({major})), f"127.0.0.1:{port}",
                                   recorder, **{**FAST, **options})
@@ -211,6 +222,31 @@ def test_frames_in_order_on_outbound_and_reply_paths():
             await until(lambda: a.queued("b") == 0, 5, "a's queue to b drained")
             assert a.states()["b"]["outbound"]["frames_out"] >= count
             assert a.states()["b"]["reconnects"] == 0 and b.states()["a"]["reconnects"] == 0
+
+    run(body())
+
+
+def test_frames_a_peer_of_an_older_version_cannot_read_are_withheld():
+    """Mixed versions (issue 20): a 1.1 peer reads retained and session frames (it had them
+    before their flags) but not wills nor node states; the newer node never sends those."""
+    async def body():
+        async with nodes() as n:
+            new, _ = await n.start("new")
+            old, rold = await n.start("old", minor=1, capabilities=frozenset({INTEREST_CHUNKS}))
+            connect(new, old)
+            await until(all_connected(new, old), 5, "new <-> old")
+            will = Frame(will_records=peer_pb2.WillRecords())
+            assert not new.send("old", will)
+            assert not new.reply("old", Frame(node_state=peer_pb2.NodeState(draining=True)))
+            assert new.send("old", Frame(session_records=peer_pb2.SessionRecords()))
+            assert new.send("old", Frame(retained_digest=peer_pb2.RetainedDigest()))
+            assert old.send("new", Frame(interest_applied=peer_pb2.InterestApplied(version=3)))
+            await until(lambda: len(rold.frames) == 2, 5, "the readable frames")
+            assert [f.WhichOneof("body") for _, f, _ in rold.frames] == [
+                "session_records", "retained_digest"]
+            state = new.states()["old"]
+            assert state["protocol"] == "1.1" and state["withheld"] == {"wills": 1, "drain": 1}
+            assert new.capabilities("old") == {"interest-chunks", "retained", "sessions"}
 
     run(body())
 

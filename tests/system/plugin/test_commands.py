@@ -148,6 +148,27 @@ def test_deny_retry_refuse_admit(broker, sidecar, clients, protocol):
     assert sidecar.call("stats")["denied"] == 0
 
 
+def test_admission_closed_refuses_every_client_but_the_sidecar(broker, sidecar, clients):
+    """A drain: connects close without a CONNACK (clients retry elsewhere), connections
+    already up stay, the sidecar's own connections still get in; opening admits again."""
+    before = clients(Client("early", port=broker.port))
+    before.connect()
+    assert sidecar.call("admission", open=False)["ok"] is True
+    for protocol in (5, 4):
+        with pytest.raises(ConnectFailed) as e:
+            clients(Client(f"late{protocol}", port=broker.port, protocol=protocol)).connect()
+        assert e.value.reason is None  # no CONNACK: a network failure, retried elsewhere
+    st = sidecar.call("stats")
+    assert st["admission"] is False and st["drained_connects"] == 2
+    assert before.c.is_connected()
+    rejected = sidecar.wait_type("connect_rejected", client="late5")
+    assert rejected[0]["reason"] == "draining"
+    assert sidecar.call("admission", open=True)["ok"] is True
+    assert clients(Client("late5", port=broker.port)).connect() is False
+    assert sidecar.call("stats")["admission"] is True
+    assert sidecar.call("admission")["error"] == "bad_request"
+
+
 def test_stats(broker, sidecar, client_factory):
     c = client_factory("st", session_expiry=10, clean_start=False)
     c.connect()

@@ -1,4 +1,4 @@
-"""Graceful leave (SIGTERM, rolling upgrade): disconnect this node's clients cleanly and let
+"""Graceful leave (SIGTERM): disconnect this node's clients cleanly and let
 their last messages reach the peers, before the node leaves etcd.
 
 Order matters: a peer that sees us leave closes our streams, so anything our clients published

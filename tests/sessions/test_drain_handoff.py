@@ -1,0 +1,85 @@
+"""A draining node in the registry core (issue 20): it takes no replicas, and the sessions it
+owns whose clients did not come back go to other nodes with what they queued."""
+
+from __future__ import annotations
+
+from sidecar.sessions.registry import Discard, Drain, Hold, Materialize
+from tests.sessions.test_registry import Cluster
+from tests.sessions.test_replicas import Replicated, online_with_replica
+
+
+def drains(c: Cluster, node: str) -> None:
+    """Every node counts `node` as unavailable (its NodeState frame reached them)."""
+    for name, reg in c.nodes.items():
+        c.run(name, reg.set_unavailable(frozenset({node}), c.now))
+
+
+def test_an_offline_session_goes_to_its_replica_with_the_owner_queue_drained_there():
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    since = c.nodes["n1"].records["dev"].since_ms
+    drains(c, "n1")
+    c.take("n1", Drain)
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    for node in c.nodes:
+        record = c.nodes[node].records["dev"]
+        assert (record.owner, record.online, record.since_ms, record.fresh) == (
+            rep, False, since, False)
+    # the copy on n1 goes to the replica after a barrier, as when the client moves
+    assert c.take("n1", Drain) == [Drain("dev", rep, ("a/#",))]
+    assert c.nodes[rep].counters["adopted"] == 1 and "dev" not in c.nodes[rep].replica
+    assert "dev" not in c.nodes[rep].denied  # the client resumes there directly
+    c.run("n1", c.nodes["n1"].on_drained("dev", True, c.now))
+    assert c.nodes["n1"].drain_progress(c.now) == {
+        "sessions_owned": 0, "session_copies": 0, "session_ops": 0}
+    assert c.nodes["n1"].hand_off_all(c.now) == []  # nothing left to hand off
+
+
+def test_a_draining_node_is_no_replica_and_its_replicas_go():
+    c = Replicated()
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.take(rep, Discard)
+    drains(c, rep)
+    assert c.take(rep, Discard) == [Discard("dev")]
+    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
+    c.finish(other)
+    assert c.nodes["n1"].replica_nodes("dev", "n1") == [other]
+    assert c.nodes[other].replica["dev"][0] == "n1"
+    assert Hold("dev", True, ring=True) in c.take(other, Hold)
+
+
+def test_online_and_busy_sessions_are_not_handed_off():
+    c = Replicated()
+    online_with_replica(c)
+    drains(c, "n1")
+    assert c.nodes["n1"].hand_off_all(c.now) == []  # its client is still connected here
+    c.disconnect("n1", "dev")
+    c.nodes["n1"].busy["dev"] = "drain"
+    assert c.nodes["n1"].hand_off_all(c.now) == []
+
+
+def test_without_replicas_the_session_is_made_again_on_another_node():
+    c = Cluster()
+    for name, reg in c.nodes.items():
+        c.run(name, reg.on_peers(set(c.nodes) - {name}, c.now))
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.disconnect("n1", "dev")
+    drains(c, "n1")
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    target = c.nodes["n2"].records["dev"].owner
+    assert target in ("n2", "n3")
+    [made] = c.take(target, Materialize)
+    assert made.record.subscriptions == {"a/#": 1} and not made.replica
+    assert c.take("n1", Drain) == [Drain("dev", target, ("a/#",))]
+
+
+def test_nothing_is_handed_off_when_no_other_node_is_up():
+    c = Replicated(n=1)
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    drains(c, "n1")
+    assert c.nodes["n1"].hand_off_all(c.now) == []
+    assert c.nodes["n1"].drain_progress(c.now)["sessions_owned"] == 1

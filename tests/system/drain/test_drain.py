@@ -1,0 +1,105 @@
+"""`mqfed ctl drain NODE --wait` and `mqfed ctl undrain NODE` on a real 3-node cluster behind
+its HAProxy front: the drained node refuses clients and fails /readyz, its clients resume
+elsewhere with their sessions, the sessions of clients that stayed away are handed to other
+nodes with what they queued, and undrain admits clients again."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.harness.procs import wait_for
+from tests.system.cluster.conftest import connect, mqfed
+from tests.system.sessions.clients import Device, publish
+
+
+def ctl(cluster, *args: str, via: str = "n2") -> tuple[int, str, str]:
+    admin = next(n["admin"] for n in cluster.info["nodes"] if n["id"] == via)
+    result = mqfed("ctl", "--node", admin, "--token-file", str(cluster.run_dir / "admin-token"),
+                   *args, timeout=120)
+    return result.returncode, result.stdout, result.stderr
+
+
+def readyz(cluster, node: str) -> tuple[int, dict]:
+    metrics = next(n["metrics"] for n in cluster.info["nodes"] if n["id"] == node)
+    try:
+        with urllib.request.urlopen(f"http://{metrics}/readyz", timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def owners(cluster) -> dict[str, str]:
+    code, out, err = ctl(cluster, "--json", "sessions")
+    assert code == 0, err
+    return {s["client"]: s["owner"] for s in json.loads(out).get("sessions", [])}
+
+
+def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster):
+    cluster = own_cluster
+    run = f"{time.time_ns() % 10**8}"
+    devices = [Device(f"dr-{run}-{i}") for i in range(9)]
+    for dev in devices:
+        assert dev.connect(cluster.front) is False
+        dev.subscribe(f"dr/{run}/{dev.client_id}", 1)
+    wait_for(lambda: set(owners(cluster)) >= {d.client_id for d in devices}, 10,
+             "every session in the registry")
+    on_n1 = [d for d in devices if owners(cluster)[d.client_id] == "n1"]
+    assert len(on_n1) >= 2, "round robin put at least two of nine clients on n1"
+    away, online = on_n1[0], on_n1[1:]
+    away.leave()
+    topic = f"dr/{run}/{away.client_id}"
+    for dev in devices:
+        cluster.wait_interest(owners(cluster)[dev.client_id], f"dr/{run}/{dev.client_id}")
+    publish(cluster.ports["n3"], topic, 50)  # queued on n1 (and its replica) for `away`
+
+    code, out, err = ctl(cluster, "--json", "drain", "n1", "--wait", "--wait-timeout", "60")
+    assert code == 0, err
+    progress = json.loads(out)["progress"]
+    assert (progress["node_id"], progress["state"], progress["clients"]) == ("n1", "drained", 0)
+    assert progress["hand_offs"] >= 1 and progress["kicks"] >= 1
+    assert "draining (" in err  # the progress lines while it waited
+
+    status, body = readyz(cluster, "n1")
+    assert status == 503 and body["reason"].startswith("draining")
+    with pytest.raises(AssertionError, match="no successful CONNACK"):
+        connect(cluster.ports["n1"], timeout=2)  # closed without a CONNACK: try elsewhere
+    now = owners(cluster)
+    assert "n1" not in now.values(), now
+    for dev in online:  # kicked, resumed elsewhere through the front
+        assert len(dev.connects) >= 2 and all(dev.connects[1:]), dev.connects
+    # the client that stayed away resumes its handed-off session with what it missed
+    assert away.connect(cluster.front) is True
+    got = away.wait_count(50, timeout=20)
+    assert sorted(set(got)) == list(range(50)), f"missing {sorted(set(range(50)) - set(got))}"
+    code, out, _ = ctl(cluster, "--json", "status")
+    drains = {s["node_id"]: s["drain"] for s in json.loads(out)["statuses"]}
+    assert drains == {"n1": "drained", "n2": "serving", "n3": "serving"}
+    metrics = cluster.metrics("n1")
+    assert metrics[("mqfed_drain", (("state", "drained"),))] == 1
+    assert metrics[("mqfed_drain", (("state", "serving"),))] == 0
+
+    code, out, err = ctl(cluster, "undrain", "n1", via="n3")
+    assert code == 0 and "n1: serving" in out, err
+    assert readyz(cluster, "n1")[0] == 200
+    connect(cluster.ports["n1"]).close()
+    for dev in devices:
+        dev.leave()
+    code, _, err = ctl(cluster, "drain", "n9")
+    assert code == 2 and "no node n9" in err
+
+    # a drained node whose sidecar restarts (its Mosquitto adopted, admission still closed
+    # there) serves again: the new sidecar does not drain
+    code, _, err = ctl(cluster, "drain", "n3", "--wait", via="n1")
+    assert code == 0, err
+    with pytest.raises(AssertionError, match="no successful CONNACK"):
+        connect(cluster.ports["n3"], timeout=2)
+    for step in (("stop-node", "--sidecar-only"), ("start-node",)):
+        result = mqfed(step[0], "--run-dir", str(cluster.run_dir), "n3", *step[1:])
+        assert result.returncode == 0, result.stderr
+    wait_for(lambda: readyz(cluster, "n3")[0] == 200, 20, "n3 ready again")
+    connect(cluster.ports["n3"], timeout=5).close()
