@@ -704,8 +704,9 @@ class SessionRegistry:
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.append(Deny(client))
-        elif not want_deny and client in self.denied and \
-                self.busy.get(client) not in ("materialize", "replicate"):
+        elif not want_deny and client in self.denied and client not in self.busy:
+            # not while an operation changes the copy here (being made, deleted, drained):
+            # a connect then would find no session, or one about to go (session present 0)
             self.denied.discard(client)
             out.append(Admit(client))
         return out

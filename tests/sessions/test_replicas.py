@@ -327,3 +327,16 @@ def test_an_expired_replica_is_made_again_held_then_released():
     c.finish(rep)
     holds = c.take(rep, Hold)
     assert holds[0] == Hold("dev", True, ring=True) and holds[-1].on is False
+
+
+def test_a_client_stays_denied_on_its_replica_node_while_the_replica_is_deleted():
+    """Back on its owner, the replica elsewhere is deleted and made again: a connect there
+    meanwhile must not find the session gone (session present 0)."""
+    c = Replicated()
+    rep = online_with_replica(c)
+    c.disconnect("n1", "dev")
+    c.connect("n1", "dev", present=True)
+    assert c.take(rep, Discard) == [Discard("dev")]
+    assert "dev" in c.nodes[rep].denied and not c.take(rep, Admit)
+    c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
+    assert "dev" in c.nodes[rep].denied and not c.take(rep, Admit)
