@@ -83,13 +83,19 @@ def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
     finally:
         stop.set()
         publisher.join(30)
-    got = dev.wait_count(len(set(sent)), timeout=15)
+    # a handover retried on a loaded machine (a backlog frame times out after 10 s, then the
+    # drain is retried) arrives late, not never
+    got = dev.wait_count(len(set(sent)), timeout=30)
     missing = sorted(set(sent) - set(got))
     dups = len(got) - len(set(got))
     firsts = list(dict.fromkeys(got))
     breaks = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if b < a)
     print(f"20 moves: {len(sent)} sent, {dups} duplicates, {breaks} order breaks")
-    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}"
+    counts = {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
+                  if k in ("backlog_sent", "backlog_received", "backlog_failed",
+                           "sync_timeouts", "failures", "drained", "moves")}
+              for n in ("n1", "n2", "n3")}
+    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; {counts}"
     assert dups < len(sent) // 2 and breaks < len(sent) // 2, (dups, breaks)
     dev.leave()
 
