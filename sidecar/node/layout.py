@@ -135,4 +135,6 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         socket_path=layout.socket_path, secret=secret, listen=mqtt["listen"], user=user,
         include_path=include, external_auth=mqtt["external_auth"],
         external_acl=mqtt["external_acl"], fwd_backlog_max=config["overload"]["backlog_max"],
+        catchup_ms=int(config["catchup"]["window"] * 1000),
+        catchup_bytes=config["catchup"]["max_bytes"],
     ))

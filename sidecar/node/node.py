@@ -236,7 +236,10 @@ class Node:
                               read_retained=link_reader(self.link),
                               tombstone_grace=cfg["retained"]["tombstone_grace"],
                               peer_token=self.peer_token, peer_tls=self.peer_tls,
-                              shed_above=cfg["overload"]["shed_above"])
+                              shed_above=cfg["overload"]["shed_above"],
+                              catchup_window=cfg["catchup"]["window"],
+                              catchup_margin=cfg["catchup"]["margin"],
+                              catchup_bytes=cfg["catchup"]["max_bytes"])
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

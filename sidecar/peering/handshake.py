@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CAPABILITIES",
+    "CATCH_UP",
     "INTEREST_CHUNKS",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
@@ -35,11 +36,14 @@ __all__ = [
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MINOR = 2
 SUPPORTED_MAJORS: frozenset[int] = frozenset({1})
 INTEREST_CHUNKS = "interest-chunks"
 """1.1: interest snapshots in chunks, and InterestApplied replies (interest lag)."""
-CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS})
+CATCH_UP = "catch-up"
+"""1.2: interest entries carry their subscribe time (`since_ms`); the receiver replays what its
+new forwarding subscriptions missed (sidecar.routing.catchup)."""
+CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, CATCH_UP})
 """Optional features this version implements."""
 
 

@@ -26,13 +26,21 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
-from sidecar.peering.handshake import INTEREST_CHUNKS, Accept, Handshake, Hello
+from sidecar.peering.handshake import CATCH_UP, INTEREST_CHUNKS, Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import PeerTransport
 from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.acks import sort_acks
+from sidecar.routing.catchup import (
+    AskPlugin,
+    CatchUp,
+    CatchUpAction,
+    Release,
+    Replay,
+    missed_from_reply,
+)
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -60,7 +68,7 @@ from sidecar.routing.receiver import (
     Receiver,
     SendAcks,
 )
-from sidecar.routing.table import InterestChange, SubscriptionTable
+from sidecar.routing.table import InterestChange, InterestKey, SubscriptionTable
 
 log = logging.getLogger("mqfed.routing")
 
@@ -89,6 +97,10 @@ class PluginCommands(Protocol):
                         on_reply: Callable[[dict[str, Any]], None]) -> None:
         """Report the overload state; `on_reply` gets the plugin's answer."""
 
+    async def catchup(self, filters: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+        """The plugin's recent publishes these (filter, since ms) missed (its reply's fields);
+        raises when the plugin refuses or does not answer."""
+
     @property
     def connected(self) -> bool:
         """The control link is up."""
@@ -112,7 +124,9 @@ class RoutingService:
                  commands: PluginCommands,
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
-                 peer_tls: PeerTls | None = None, shed_above: int = 0) -> None:
+                 peer_tls: PeerTls | None = None, shed_above: int = 0,
+                 catchup_window: float = 1.0, catchup_margin: float = 0.05,
+                 catchup_bytes: int = 16 << 20) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -128,7 +142,14 @@ class RoutingService:
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
         self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
-        self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock)
+        # catch-up of peers' new interest (sidecar.routing.catchup); window 0: off
+        self.catchup = CatchUp(int(catchup_window * 1000), int(catchup_margin * 1000),
+                               catchup_bytes)
+        self._catchup_peers: set[str] = set()  # peers that send subscribe times
+        self._snapshot_since: dict[str, dict[InterestKey, int]] = {}  # chunks so far
+        self._plugin_ring = (0, 0)  # the plugin's ring: entries, bytes (pressure replies)
+        self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock,
+                                   self.catchup.recent if catchup_window > 0 else None)
         self.receiver = Receiver()
         self.queues: dict[str, OutboundQueue] = {}
         self._offered_at: dict[str, dict[int, float]] = {}
@@ -231,6 +252,7 @@ class RoutingService:
             self.pacing.forget(peer)
             self.lag.forget(peer)
             self._chunked.discard(peer)
+            self.catchup.forget(peer)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
@@ -282,6 +304,7 @@ class RoutingService:
             self._chunked.add(peer)
         else:
             self._chunked.discard(peer)
+        self._note_catch_up(peer, accept)
         self._send_interest()  # what the table changed before goes first: the snapshot has it
         self._send_snapshot(peer)
         self.retained.on_peer_up(peer)
@@ -310,6 +333,7 @@ class RoutingService:
         self.on_peer_hello(accept.peer)
         if INTEREST_CHUNKS in accept.capabilities:
             self._chunked.add(peer)
+        self._note_catch_up(peer, accept)
 
     def on_inbound_down(self, peer: str, reason: str) -> None:
         self.receiver.on_inbound_down(peer)  # unsent acks: the peer re-sends those messages
@@ -325,11 +349,15 @@ class RoutingService:
             self._on_acks(peer, frame.ack_batch.acks)
         elif kind == "interest_snapshot":
             snapshot = peer_frames.snapshot_from(frame.interest_snapshot)
-            self._run_interest(self.remote.apply_snapshot(peer, snapshot),
-                               peer if snapshot.last else None)
+            fresh = self._catch_up_fresh(peer, snapshot.since, snapshot.chunk, snapshot.last)
+            actions = self.remote.apply_snapshot(peer, snapshot)
+            self._run_interest(actions, peer if snapshot.last else None,
+                               self._catch_up(peer, fresh, actions))
         elif kind == "interest_delta":
-            self._run_interest(self.remote.apply_delta(peer, peer_frames.delta_from(
-                frame.interest_delta)), peer)
+            delta = peer_frames.delta_from(frame.interest_delta)
+            fresh = self._catch_up_fresh(peer, delta.since)
+            actions = self.remote.apply_delta(peer, delta)
+            self._run_interest(actions, peer, self._catch_up(peer, fresh, actions))
         elif kind == "interest_applied":
             self.lag.on_applied(peer, frame.interest_applied.version, time.monotonic())
         elif kind == "interest_request":
@@ -344,10 +372,12 @@ class RoutingService:
         """A local client's retained publish (plugin event): the retained path takes it."""
         self.retained.on_local(event)
 
-    def _run_interest(self, actions: list[InterestAction], applied: str | None = None) -> None:
+    def _run_interest(self, actions: list[InterestAction], applied: str | None = None,
+                      after: Callable[[], None] | None = None) -> None:
         """Persist the change's rows (off the loop), then issue its (un)subscriptions: a crash
         never leaves Mosquitto with identifiers the restarted sidecar does not know. Then tell
-        `applied` (the peer whose interest this was) the version now in effect."""
+        `applied` (the peer whose interest this was) the version now in effect, and run
+        `after` (a catch-up's request)."""
         local = [a for a in actions if isinstance(a, (LocalSubscribe, LocalUnsubscribe))]
         for action in actions:
             if isinstance(action, RequestSnapshot):
@@ -359,6 +389,8 @@ class RoutingService:
             self._issue(local)
             if version is not None:  # (a peer before 1.1 ignores it)
                 self.transport.reply(applied, peer_frames.interest_applied_frame(version))
+            if after is not None:
+                after()
 
         self.persister.submit(self.remote.take_journal(), then)
 
@@ -418,9 +450,11 @@ class RoutingService:
                                time.time() * 1000, ",".join(peers),
                                "" if peers else "no peer has a matching subscription")
 
-    def _run_forward(self, actions) -> None:
+    def _run_forward(self, actions, hold: bool = True) -> None:
         now = time.monotonic()
         for action in actions:
+            if hold and self.catchup.waiting and self._catch_up_holds(action):
+                continue
             if isinstance(action, QueueEnvelope):
                 self._queue(action.peer, action.envelope, now)
             elif isinstance(action, SendEnvelope):
@@ -657,6 +691,8 @@ class RoutingService:
     def on_tick(self, now: float) -> None:
         """Every 50 ms: probe the forwarding client when due, and report the overload state
         to the plugin (sidecar.local.pressure)."""
+        if self.catchup.waiting:
+            self._run_catch_up(self.catchup.on_timer(now))
         if self.forward_client.wants_probe():
             self.commands.probe_forwarding()
         if not self.commands.connected:
@@ -675,9 +711,97 @@ class RoutingService:
             log.warning("overload over: publishers are accepted again",
                         extra={"unacked": report.unacked,
                                "publishers_shed": bp.publishers_shed})
-        self.commands.report_pressure(report, lambda fields: bp.on_reply(
+        self.commands.report_pressure(report, lambda fields: (bp.on_reply(
             bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
-            int(fields.get("backlog", 0))))
+            int(fields.get("backlog", 0))), self._note_plugin_ring(fields)))
+
+    # ---- catch-up of peers' new interest (sidecar.routing.catchup) ----------------------
+    def _note_catch_up(self, peer: str, accept: Accept) -> None:
+        if CATCH_UP in accept.capabilities:
+            self._catchup_peers.add(peer)
+        else:
+            self._catchup_peers.discard(peer)
+
+    def _catch_up_fresh(self, peer: str, since: Mapping[InterestKey, int], chunk: int = 0,
+                        last: bool = True) -> dict[InterestKey, int]:
+        """The keys of an interest frame with a subscribe time that `peer` did not hold
+        (before the frame is applied; a snapshot's chunks are collected until its last)."""
+        if self.forwarder.recent is None or peer not in self._catchup_peers:
+            return {}
+        if chunk == 0:
+            self._snapshot_since.pop(peer, None)
+        if chunk or not last:
+            self._snapshot_since.setdefault(peer, {}).update(since)
+            if not last:
+                return {}
+            since = self._snapshot_since.pop(peer)
+        holds = self.remote.holds
+        return {k: t for k, t in since.items() if not holds(peer, k)}
+
+    def _catch_up(self, peer: str, fresh: dict[InterestKey, int],
+                  actions: list[InterestAction]) -> Callable[[], None] | None:
+        """Plan the catch-up of the keys `peer` now holds; returns what runs once the change's
+        forwarding subscriptions were issued: ask the plugin after their SUBACKs."""
+        holds = self.remote.holds
+        fresh = {k: t for k, t in fresh.items() if holds(peer, k)}  # (a delta in a gap is not)
+        if not fresh:
+            return None
+        subscribed = {a.filter for a in actions if isinstance(a, LocalSubscribe)}
+        asks = self.catchup.on_interest(peer, fresh, subscribed, self.table.holds,
+                                        int(time.time() * 1000), time.monotonic())
+        if not asks:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def ask() -> None:
+            for a in asks:
+                loop.create_task(self._ask_plugin(a))
+
+        return lambda: self.forward_client.when_subscribed(ask)
+
+    async def _ask_plugin(self, ask: AskPlugin) -> None:
+        missed, complete = None, False
+        try:
+            missed, complete = missed_from_reply(await self.commands.catchup(ask.filters))
+        except Exception as exc:  # the plugin refused or did not answer: held ones go on
+            log.warning("catch-up failed: %s", exc, extra={"peer": ask.peer})
+        self._run_catch_up(self.catchup.on_reply(ask.request, missed, complete))
+
+    def _run_catch_up(self, actions: list[CatchUpAction]) -> None:
+        wall_ms = int(time.time() * 1000)
+        forwarder = self.forwarder
+        for action in actions:
+            if action.peer not in self.queues:
+                continue
+            if isinstance(action, Replay):
+                self._run_forward([forwarder.replay(action.peer, action.topic, action.payload,
+                                                    action.qos, action.properties, wall_ms,
+                                                    action.shared)], hold=False)
+            elif isinstance(action, Release):
+                self._run_forward([forwarder.renumber(a) for a in action.actions], hold=False)
+        self._schedule_flush()
+
+    def _note_plugin_ring(self, fields: Mapping[str, Any]) -> None:
+        """The plugin's ring size, from its pressure replies."""
+        self._plugin_ring = (int(fields.get("catchup_entries", 0)),
+                             int(fields.get("catchup_bytes", 0)))
+
+    def _catch_up_holds(self, action) -> bool:
+        """Hold a message for a peer whose catch-up on its topic is under way."""
+        if not isinstance(action, (QueueEnvelope, SendEnvelope)):
+            return False
+        env = action.envelope
+        shared = (InterestKey(env.shared_group, env.shared_filter)
+                  if env.shared_group is not None else None)
+        return self.catchup.hold(action.peer, env.topic, shared, action)
+
+    def catch_up_status(self) -> dict[str, Any]:
+        """Catch-up counters (sidecar side) and the ring of recent copies."""
+        return {**self.catchup.counters, "held": self.catchup.held,
+                "waiting": sum(len(r) for r in self.catchup.waiting.values()),
+                "recent_entries": len(self.catchup.recent),
+                "recent_bytes": self.catchup.recent.bytes,
+                "plugin_entries": self._plugin_ring[0], "plugin_bytes": self._plugin_ring[1]}
 
     def interest_status(self) -> dict[str, Any]:
         """Interest sent and received: per peer the lag (seconds since the oldest change it
@@ -710,4 +834,5 @@ class RoutingService:
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),
+            "catchup": self.catch_up_status(),
         }
