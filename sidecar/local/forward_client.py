@@ -285,9 +285,9 @@ class ForwardClient:
         """Call `callback` (soon) once Mosquitto has answered every SUBSCRIBE sent so far: the
         forwarding subscriptions issued until now are in effect (or refused). Never called if
         the connection drops first (the caller has its own deadline)."""
-        assert self._loop is not None
+        loop = self._loop or asyncio.get_running_loop()
         if not self._subscribing:
-            self._loop.call_soon(callback)
+            loop.call_soon(callback)
         else:
             self._sub_waiters.append((set(self._subscribing), callback))
 

@@ -258,6 +258,12 @@ class LocalLink:
         if self.connected:
             self._subscribe_observer()
 
+    def unobserve(self) -> None:
+        """Drop the `#` subscription (catch-up off): with the plugin's ring off, messages
+        routed to it would reach the link."""
+        self._observing = False
+        self._client.unsubscribe(OBSERVER_FILTER)
+
     def _subscribe_observer(self) -> None:
         options = SubscribeOptions(qos=0, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
         with self._lock:

@@ -78,11 +78,14 @@ class PluginSync:
         return snapshot
 
     async def _observe(self, timeout: float) -> None:
-        """With the plugin's catch-up ring on (`catchup_ms`), subscribe the link's observer."""
+        """With the plugin's catch-up ring on (`catchup_ms`), subscribe the link's observer;
+        else make sure it has none (the session may keep one from an earlier config)."""
         assert self.link is not None
         stats = await self.link.request("stats", timeout=timeout)
         if stats.fields.get("catchup"):
             self.link.observe()
+        else:
+            self.link.unobserve()
 
     def start(self, snapshot: Snapshot) -> None:
         """Apply the first snapshot and follow events from there."""

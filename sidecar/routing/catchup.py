@@ -69,14 +69,18 @@ class RecentCopy:
     peers: frozenset[str]
 
 
+_Kept = tuple[int, str, bytes, int, MessageProperties, frozenset[str]]
+
+
 class RecentCopies:
-    """The forwarder's recent copies, bounded by age (`window_ms`), bytes and count."""
+    """The forwarder's recent copies, bounded by age (`window_ms`), bytes and count. Kept as
+    plain tuples: `add` runs for every forwarded copy."""
 
     def __init__(self, window_ms: int, max_bytes: int, max_entries: int = 200_000) -> None:
         self.window_ms = window_ms
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        self._ring: deque[RecentCopy] = deque()
+        self._ring: deque[_Kept] = deque()
         self.bytes = 0
         self.evicted_ms = 0  # newest time among the copies dropped
 
@@ -87,15 +91,19 @@ class RecentCopies:
             properties: MessageProperties, peers: frozenset[str]) -> None:
         """Keep one copy (costs O(1) amortized)."""
         ring = self._ring
-        size = len(payload) + len(topic)
-        ring.append(RecentCopy(wall_ms, topic, payload, qos, properties, peers))
-        self.bytes += size
-        oldest = wall_ms - self.window_ms
-        while ring and (ring[0].wall_ms < oldest or self.bytes > self.max_bytes
+        ring.append((wall_ms, topic, payload, qos, properties, peers))
+        self.bytes += len(payload) + len(topic)
+        if (ring[0][0] < wall_ms - self.window_ms or self.bytes > self.max_bytes
+                or len(ring) > self.max_entries):
+            self._evict(wall_ms - self.window_ms)
+
+    def _evict(self, oldest: int) -> None:
+        ring = self._ring
+        while ring and (ring[0][0] < oldest or self.bytes > self.max_bytes
                         or len(ring) > self.max_entries):
             gone = ring.popleft()
-            self.bytes -= len(gone.payload) + len(gone.topic)
-            self.evicted_ms = max(self.evicted_ms, gone.wall_ms)
+            self.bytes -= len(gone[2]) + len(gone[1])
+            self.evicted_ms = max(self.evicted_ms, gone[0])
 
     def missed(self, peer: str, filters: Sequence[tuple[str, int]]) -> list[RecentCopy]:
         """The copies, oldest first, that matched one of `filters` (plain, verbatim) at or after
@@ -104,12 +112,13 @@ class RecentCopies:
             return []
         start = min(since for _, since in filters)
         found = []
-        for copy in reversed(self._ring):
-            if copy.wall_ms < start:
+        for kept in reversed(self._ring):
+            wall_ms, topic = kept[0], kept[1]
+            if wall_ms < start:
                 break
-            if peer not in copy.peers and any(
-                    copy.wall_ms >= since and matches(f, copy.topic) for f, since in filters):
-                found.append(copy)
+            if peer not in kept[5] and any(
+                    wall_ms >= since and matches(f, topic) for f, since in filters):
+                found.append(RecentCopy(*kept))
         found.reverse()
         return found
 

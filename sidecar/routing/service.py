@@ -253,6 +253,7 @@ class RoutingService:
             self.lag.forget(peer)
             self._chunked.discard(peer)
             self.catchup.forget(peer)
+            self._snapshot_since.pop(peer, None)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")

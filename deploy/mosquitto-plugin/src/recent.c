@@ -67,7 +67,8 @@ static uint64_t window_ms;        /* option catchup_ms (0: off) */
 static uint64_t max_bytes;        /* option catchup_bytes */
 static struct entry *head, *tail;
 static struct entry *pending;     /* QoS 2 entries awaiting their routing, by topic pointer */
-static struct entry *cur;         /* the entry being routed (of the last READ check) */
+static struct entry *cur;         /* the entry being routed (of the last READ check), or NULL */
+static const void *cur_topic, *cur_payload; /* that READ check's message */
 static uint64_t cur_run;
 static struct shared_sub *subs_head, *subs_tail;
 static uint64_t subs_count;
@@ -101,7 +102,10 @@ static void drop_oldest(void)
 
 	head = e->next;
 	if(head == NULL) tail = NULL;
-	if(e == cur) cur = NULL;
+	if(e == cur){
+		cur = NULL;
+		cur_run = 0; /* look it up again (not found) */
+	}
 	pending_drop(e);
 	if(e->at_ms > evicted_ms) evicted_ms = e->at_ms;
 	entries--;
@@ -182,7 +186,7 @@ static struct entry *routing(const char *topic, const void *payload, uint32_t le
 	uint64_t run = origin_run_seq();
 	struct entry *e = NULL;
 
-	if(cur && cur_run == run && cur->id_topic == topic && cur->id_payload == payload) return cur;
+	if(cur_run == run && cur_topic == topic && cur_payload == payload) return cur;
 	if(tail && tail->qos < 2 && tail->run == run && tail->id_topic == topic
 			&& tail->id_payload == payload){
 		e = tail;
@@ -191,6 +195,8 @@ static struct entry *routing(const char *topic, const void *payload, uint32_t le
 		if(e && !same_message(e, topic, payload, len)) e = NULL;
 	}
 	cur = e;
+	cur_topic = topic;
+	cur_payload = payload;
 	cur_run = run;
 	return e;
 }
@@ -455,6 +461,7 @@ void recent_cleanup(void)
 	while(subs_head) shared_drop_oldest();
 	pending = NULL;
 	cur = NULL;
+	cur_topic = cur_payload = NULL;
 	cur_run = 0;
 	window_ms = max_bytes = 0;
 	stamp = 0;

@@ -197,3 +197,24 @@ def test_bad_requests_and_disabled(broker, sidecar, make_broker, clients):
         assert sc.call("catchup", filters=bad)["error"] == "bad_request", bad
     with pytest.raises(Exception, match="catchup_ms"):
         make_broker(opts={"catchup_ms": 600001})
+
+
+def test_replies_follow_routing_order_and_skip_what_was_never_routed(node, clients):
+    b, sc, fwd, pub = node
+    raw = clients(RawClient("raw-order", port=b.port))
+    raw.connect()
+    t0 = now_ms()
+    late = raw.publish("o/1", b"first published", qos=2)
+    raw.publish("o/2", b"first routed", qos=1)
+    raw.pubrel(late)
+    assert replayed(catchup(sc, ("o/#", t0))) == [("o/2", b"first routed"),
+                                                  ("o/1", b"first published")]
+    # a shed publish is never routed: never replayed
+    fwd.subscribe("shed/#", 2, no_local=True)
+    assert sc.call("pressure", unacked=1, taken=0, shed_ms=60000)["shedding"] is True
+    victim = clients(Client("victim", port=b.port))
+    victim.connect()
+    victim.c.publish("shed/1", b"refused", qos=1)
+    assert victim.wait_disconnected(5)
+    sc.call("pressure", unacked=0, taken=0, shed_ms=0)
+    assert replayed(catchup(sc, ("shed/#", t0))) == []
