@@ -228,7 +228,8 @@ class CatchUp:
             if since <= 0:
                 continue
             if since - self.margin_ms < wall_ms - self.window_ms:
-                self.counters["too_old"] += 1  # partly gone from the rings: what is left
+                self.counters["too_old"] += 1  # past both rings
+                continue
             if since > wall_ms + self.margin_ms:
                 self.counters["ahead"] += 1  # the peer's clock is ahead of ours by more
             if key.group is not None and (key.verbatim not in subscribed or local_member(key)):
