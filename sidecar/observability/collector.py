@@ -259,6 +259,14 @@ class NodeCollector(Collector):
         yield CounterMetricFamily("mqfed_catchup_failed", "Catch-ups the plugin did not answer "
                                   "in time (what they held went on without them).",
                                   value=st["failed"])
+        yield CounterMetricFamily("mqfed_catchup_late", "Peers' new interest keys that arrived "
+                                  "more than catchup.window after their subscription (no "
+                                  "catch-up: raise the window, or see the interest lag).",
+                                  value=st["too_old"])
+        yield CounterMetricFamily("mqfed_catchup_clock_ahead", "Peers' subscribe times ahead "
+                                  "of this node's clock by more than catchup.margin (clock "
+                                  "skew beyond the margin: messages may be missed).",
+                                  value=st["ahead"])
         entries = _gauge("catchup_ring_entries", "Recent publishes kept for catch-up: in the "
                          "plugin (every local publish) and in the sidecar (forwarded copies).",
                          ["ring"])

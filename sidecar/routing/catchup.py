@@ -108,7 +108,7 @@ class RecentCopies:
     def missed(self, peer: str, filters: Sequence[tuple[str, int]]) -> list[RecentCopy]:
         """The copies, oldest first, that matched one of `filters` (plain, verbatim) at or after
         its time and did not go to `peer`."""
-        if not filters:
+        if not filters or not self._ring:
             return []
         start = min(since for _, since in filters)
         found = []
@@ -194,9 +194,20 @@ class _Request:
     peer: str
     keys: list[InterestKey]
     deadline: float
-    plain: TopicTrie[int] = field(default_factory=TopicTrie)
     shared: set[InterestKey] = field(default_factory=set)
     recent: list[RecentCopy] = field(default_factory=list)
+    _plain: TopicTrie[None] | None = None  # built at the first hold check (most see none)
+
+    def wants(self, topic: str, shared: InterestKey | None) -> bool:
+        """Whether an action on `topic` (a shared delivery for `shared`) follows this request."""
+        if shared is not None:
+            return shared in self.shared
+        if self._plain is None:
+            self._plain = TopicTrie()
+            for key in self.keys:
+                if key.group is None:
+                    self._plain.add(key.filter, None)
+        return bool(self._plain.match(topic))
 
 
 class CatchUp:
@@ -224,13 +235,13 @@ class CatchUp:
         change made (verbatim); `local_member(key)`: a local session holds that shared key.
         Returns the plugin requests to make; holding starts now."""
         keys: list[InterestKey] = []
-        for key, since in sorted(fresh.items(), key=lambda kv: (kv[0].group or "", kv[0].filter)):
-            if since <= 0:
+        oldest, ahead, margin = wall_ms - self.window_ms, wall_ms + self.margin_ms, self.margin_ms
+        for key, since in fresh.items():
+            if since - margin < oldest:
+                if since > 0:
+                    self.counters["too_old"] += 1  # past both rings
                 continue
-            if since - self.margin_ms < wall_ms - self.window_ms:
-                self.counters["too_old"] += 1  # past both rings
-                continue
-            if since > wall_ms + self.margin_ms:
+            if since > ahead:
                 self.counters["ahead"] += 1  # the peer's clock is ahead of ours by more
             if key.group is not None and (key.verbatim not in subscribed or local_member(key)):
                 continue  # the group got every message here already
@@ -238,14 +249,11 @@ class CatchUp:
         asks = []
         for i in range(0, len(keys), MAX_FILTERS):
             part = keys[i:i + MAX_FILTERS]
-            filters = tuple((k.verbatim, fresh[k] - self.margin_ms) for k in part)
+            filters = tuple((k.filter if k.group is None else k.verbatim, fresh[k] - margin)
+                            for k in part)
             request = next(self._ids)
             req = _Request(peer, part, now + self.timeout)
-            for k, (verbatim, _) in zip(part, filters, strict=True):
-                if k.group is None:
-                    req.plain.add(verbatim, request)
-                else:
-                    req.shared.add(k)
+            req.shared = {k for k in part if k.group is not None}
             req.recent = self.recent.missed(
                 peer, [f for f, k in zip(filters, part, strict=True) if k.group is None])
             self._requests[request] = req
@@ -262,8 +270,7 @@ class CatchUp:
             return False
         wait = set()
         for request in requests:
-            req = self._requests[request]
-            if (shared in req.shared) if shared is not None else bool(req.plain.match(topic)):
+            if self._requests[request].wants(topic, shared):
                 wait.add(request)
         if not wait:
             return False
