@@ -327,7 +327,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}
 	if(is_sidecar(ed->client)){
 		if(is_fwd(ed->client)) on_fwd_acl(ed);
-		else if(ed->access == MOSQ_ACL_SUBSCRIBE) recent_sidecar_subscribe();
+		else if(ed->access == MOSQ_ACL_SUBSCRIBE) recent_sidecar_checks();
 		return MOSQ_ERR_SUCCESS;
 	}
 	if(ed->topic == NULL) return pass;

@@ -22,8 +22,9 @@
  * is found by its store's topic pointer, alive until then, and checked against the kept copy.
  * A MESSAGE callback that sees a waiting entry's topic pointer again means its message was freed
  * without being routed (the publisher's session ended): it is never routed. An entry never seen
- * routed is never replayed. Retained deliveries at the control connection's own SUBSCRIBE (its
- * retained reads) follow that SUBSCRIBE check with no callback between, and stay allowed.
+ * routed is never replayed. Two kinds of READ check for the control connection are not routings
+ * and pass: right after its own SUBSCRIBE check, with no callback between (the retained messages
+ * of its retained reads), and while it connects (its session's queued messages re-checked).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,11 @@
 #include "origin.h"
 #include "recent.h"
 #include "sidecar.h"
+
+/* Internal to Mosquitto, exported by the 2.0.11 broker (plugin.c uses it too). Weak: without it
+ * the control connection's queued messages are refused at its reconnect (see recent_read). */
+extern int mosquitto__get_state(struct mosquitto *mosq) __attribute__((weak));
+#define MOSQ_CS_ACTIVE 3 /* enum mosquitto_client_state in lib/mosquitto_internal.h */
 
 #define SHARED_SUBS_MAX 100000     /* recent .fwd group joins remembered */
 #define REPLY_MAX_MESSAGES 10000   /* messages per catchup reply */
@@ -73,7 +79,8 @@ static uint64_t cur_run;
 static struct shared_sub *subs_head, *subs_tail;
 static uint64_t subs_count;
 static uint64_t stamp;            /* orders routings and .fwd group joins */
-static uint64_t retained_run;     /* origin_run_seq() of the control connection's SUBSCRIBE */
+static uint64_t pass_run;         /* origin_run_seq() of the control connection's SUBSCRIBE
+                                   * check: READ checks for it pass until it changes */
 static int64_t evicted_ms;        /* newest routing time among entries dropped unreplayed */
 static uint64_t entries, bytes, replayed, requests, incomplete;
 
@@ -81,7 +88,7 @@ void recent_init(uint64_t ms, uint64_t max)
 {
 	window_ms = ms;
 	max_bytes = max;
-	retained_run = UINT64_MAX;
+	pass_run = UINT64_MAX;
 }
 
 bool recent_enabled(void)
@@ -228,15 +235,19 @@ bool recent_read(struct mosquitto *client, const char *topic, const void *payloa
 			e->fwd = true;
 		}
 	}
-	if(!observer) return false;
-	return !(retain && origin_run_seq() == retained_run);
+	(void)retain;
+	if(!observer || origin_run_seq() == pass_run) return false;
+	/* not a routing either: its session's queued messages re-checked while it connects (state
+	 * not yet active; handle_connect.c connection_check_acl would drop the refused ones, in
+	 * flight without giving their quota back, and the session would stall) */
+	return mosquitto__get_state == NULL || mosquitto__get_state(client) == MOSQ_CS_ACTIVE;
 }
 
 /* The control connection's SUBSCRIBE check: the retained messages Mosquitto sends for it come
- * next, before any other callback (a retained read). */
-void recent_sidecar_subscribe(void)
+ * next, before any other callback (its retained reads), and pass. */
+void recent_sidecar_checks(void)
 {
-	retained_run = origin_run_seq();
+	pass_run = origin_run_seq();
 }
 
 static void shared_drop_oldest(void)
@@ -465,7 +476,7 @@ void recent_cleanup(void)
 	cur_run = 0;
 	window_ms = max_bytes = 0;
 	stamp = 0;
-	retained_run = UINT64_MAX;
+	pass_run = UINT64_MAX;
 	evicted_ms = 0;
 	entries = bytes = replayed = requests = incomplete = 0;
 }

@@ -26,7 +26,7 @@ bool recent_enabled(void);
 void recent_on_message(const struct mosquitto_evt_message *ed, bool record);
 bool recent_read(struct mosquitto *client, const char *topic, const void *payload, uint32_t len,
 		uint8_t qos, bool retain);
-void recent_sidecar_subscribe(void);
+void recent_sidecar_checks(void);
 void recent_fwd_filter(const char *filter, bool subscribed);
 const char *recent_catchup(const struct recent_query *q, unsigned n, cJSON *reply);
 void recent_tick(void);

@@ -218,3 +218,31 @@ def test_replies_follow_routing_order_and_skip_what_was_never_routed(node, clien
     assert victim.wait_disconnected(5)
     sc.call("pressure", unacked=0, taken=0, shed_ms=0)
     assert replayed(catchup(sc, ("shed/#", t0))) == []
+
+
+class _NoAck(RawClient):
+    """A sidecar connection that never acknowledges what it receives (events stay in flight)."""
+
+    def _handle(self, first: int, body: bytes) -> None:
+        if first >> 4 != 3:
+            super()._handle(first, body)
+
+
+def test_observer_does_not_refuse_the_control_sessions_queued_messages(node, clients):
+    """At a reconnect Mosquitto re-checks the session's queued messages (READ): refusing them
+    dropped in-flight events without their quota and the session stalled."""
+    b, sc, fwd, pub = node
+    sc.close()
+    raw = _NoAck(SIDECAR_ID, sock=b.sock, username=SIDECAR_USER, password=SECRET,
+                 clean_start=False, session_expiry=1234567891)
+    raw.connect()
+    raw._send(0x30 | 2, b"\x00\x11$CONTROL/mqfed/v1" + b"\x00\x01" + b"\x00" + (
+        b'{"v":1,"id":"r","reply":"$SYS/broker/mqfed/replies/r","cmd":"snapshot"}'))
+    subscriber = clients(Client("events-maker", port=b.port))
+    subscriber.connect()
+    subscriber.subscribe([(f"ev/{i}", 1) for i in range(200)])  # events, left in flight
+    time.sleep(0.3)
+    raw.close()
+    sc2 = clients(FakeSidecar(b.sock))
+    sc2.connect()
+    assert sc2.call("stats")["ok"] is True

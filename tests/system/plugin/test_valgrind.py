@@ -168,28 +168,6 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     fwd._send(0xA2, (999).to_bytes(2, "big") + b"\x00" + b"\x00\x0c$share/g/f/#")
     fwd.wait_ack(11, 999, timeout=20)
 
-    # catch-up ring: the observer, QoS 0/1/2 with properties (one left waiting for its PUBREL),
-    # a group joined, evictions by bytes, a catchup answer, a bad request
-    rc, mid = sc.c.subscribe("#", options=SubscribeOptions(qos=0, retainHandling=2))
-    sc._wait_ack(mid, 20)
-    t0 = int(time.time() * 1000)
-    cu = clients(RawClient("vg-catchup", port=b.port))
-    cu.connect(timeout=20)
-    for i in range(60):
-        cu.publish(f"cu/{i % 3}", b"z" * 200, qos=i % 2)
-    cu.publish2("cu/q2", b"two")
-    cu.publish("cu/left", b"waiting", qos=2)
-    p3.publish("cu/props", b"p", qos=1, properties=props)
-    fwd.subscribe("$share/cg/cu/#", 2)
-    rep = sc.call("catchup", filters=[{"filter": "cu/#", "since": t0},
-                                      {"filter": "$share/cg/cu/#", "since": t0}], timeout=20)
-    assert rep["ok"] and rep["messages"] and rep["complete"] is False
-    assert sc.call("catchup", filters=[{"filter": "a/#/b", "since": 0}],
-                   timeout=20)["error"] == "bad_request"
-    fwd._send(0xA2, (998).to_bytes(2, "big") + b"\x00" + b"\x00\x0e$share/cg/cu/#")
-    fwd.wait_ack(11, 998, timeout=20)
-    assert sc.call("stats", timeout=20)["catchup_pending"] == 1
-
     # stats, bad commands, heartbeat
     assert sc.call("stats", timeout=20)["calibration"] == {"session_expiry": "ok"}
     assert sc.call("nope", timeout=20)["error"] == "unknown_command"
@@ -207,6 +185,29 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert {c["client"] for c in snap} >= {"vg-persist", "vg-v311", "vg-online"}
     v3.drop()
     sc2.wait_type("disconnect", client="vg-v311", timeout=20)
+
+    # catch-up ring: the observer, QoS 0/1/2 with properties (one left waiting for its PUBREL),
+    # a group joined, evictions by bytes, a catchup answer, a bad request
+    rc, mid = sc2.c.subscribe("#", options=SubscribeOptions(qos=0, retainHandling=2))
+    sc2._wait_ack(mid, 20)
+    t0 = int(time.time() * 1000)
+    cu = clients(RawClient("vg-catchup", port=b.port))
+    cu.connect(timeout=20)
+    for i in range(60):
+        cu.publish(f"cu/{i % 3}", b"z" * 200, qos=i % 2)
+    cu.publish2("cu/q2", b"two")
+    cu.publish("cu/left", b"waiting", qos=2)
+    p3.publish("cu/props", b"p", qos=1, properties=props)
+    fwd.subscribe("$share/cg/cu/#", 2)
+    rep = sc2.call("catchup", filters=[{"filter": "cu/#", "since": t0},
+                                       {"filter": "$share/cg/cu/#", "since": t0}], timeout=20)
+    assert rep["ok"] and rep["messages"] and rep["complete"] is False
+    assert sc2.call("catchup", filters=[{"filter": "a/#/b", "since": 0}],
+                    timeout=20)["error"] == "bad_request"
+    fwd._send(0xA2, (998).to_bytes(2, "big") + b"\x00" + b"\x00\x0e$share/cg/cu/#")
+    fwd.wait_ack(11, 998, timeout=20)
+    assert sc2.call("stats", timeout=20)["catchup_pending"] == 1
+
     for c in [on, p2, p3, sc2, member, both]:
         c.close()
     rc = b.stop(timeout=60)
