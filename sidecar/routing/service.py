@@ -26,21 +26,14 @@ from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
-from sidecar.peering.handshake import CATCH_UP, INTEREST_CHUNKS, Accept, Handshake, Hello
+from sidecar.peering.handshake import INTEREST_CHUNKS, Accept, Handshake, Hello
 from sidecar.peering.outbound import OutboundQueue
 from sidecar.peering.spill import SqliteSpillStore
 from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import PeerTransport
 from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.acks import sort_acks
-from sidecar.routing.catchup import (
-    AskPlugin,
-    CatchUp,
-    CatchUpAction,
-    Release,
-    Replay,
-    missed_from_reply,
-)
+from sidecar.routing.catchup_wiring import CatchUpWiring
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -68,7 +61,7 @@ from sidecar.routing.receiver import (
     Receiver,
     SendAcks,
 )
-from sidecar.routing.table import InterestChange, InterestKey, SubscriptionTable
+from sidecar.routing.table import InterestChange, SubscriptionTable
 
 log = logging.getLogger("mqfed.routing")
 
@@ -116,7 +109,7 @@ class PeerFrames(Protocol):
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None: ...
 
 
-class RoutingService:
+class RoutingService(CatchUpWiring):
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
@@ -142,14 +135,9 @@ class RoutingService:
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
         self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
-        # catch-up of peers' new interest (sidecar.routing.catchup); window 0: off
-        self.catchup = CatchUp(int(catchup_window * 1000), int(catchup_margin * 1000),
-                               catchup_bytes)
-        self._catchup_peers: set[str] = set()  # peers that send subscribe times
-        self._snapshot_since: dict[str, dict[InterestKey, int]] = {}  # chunks so far
-        self._plugin_ring = (0, 0)  # the plugin's ring: entries, bytes (pressure replies)
+        recent = self._init_catch_up(catchup_window, catchup_margin, catchup_bytes)
         self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock,
-                                   self.catchup.recent if catchup_window > 0 else None)
+                                   recent)
         self.receiver = Receiver()
         self.queues: dict[str, OutboundQueue] = {}
         self._offered_at: dict[str, dict[int, float]] = {}
@@ -715,94 +703,6 @@ class RoutingService:
         self.commands.report_pressure(report, lambda fields: (bp.on_reply(
             bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
             int(fields.get("backlog", 0))), self._note_plugin_ring(fields)))
-
-    # ---- catch-up of peers' new interest (sidecar.routing.catchup) ----------------------
-    def _note_catch_up(self, peer: str, accept: Accept) -> None:
-        if CATCH_UP in accept.capabilities:
-            self._catchup_peers.add(peer)
-        else:
-            self._catchup_peers.discard(peer)
-
-    def _catch_up_fresh(self, peer: str, since: Mapping[InterestKey, int], chunk: int = 0,
-                        last: bool = True) -> dict[InterestKey, int]:
-        """The keys of an interest frame with a subscribe time that `peer` did not hold
-        (before the frame is applied; a snapshot's chunks are collected until its last)."""
-        if self.forwarder.recent is None or peer not in self._catchup_peers:
-            return {}
-        if chunk == 0:
-            self._snapshot_since.pop(peer, None)
-        if chunk or not last:
-            self._snapshot_since.setdefault(peer, {}).update(since)
-            if not last:
-                return {}
-            since = self._snapshot_since.pop(peer)
-        holds = self.remote.holds
-        return {k: t for k, t in since.items() if not holds(peer, k)}
-
-    def _catch_up(self, peer: str, fresh: dict[InterestKey, int],
-                  actions: list[InterestAction]) -> Callable[[], None] | None:
-        """Plan the catch-up of the keys `peer` now holds; returns what runs once the change's
-        forwarding subscriptions were issued: ask the plugin after their SUBACKs."""
-        holds = self.remote.holds
-        fresh = {k: t for k, t in fresh.items() if holds(peer, k)}  # (a delta in a gap is not)
-        if not fresh:
-            return None
-        subscribed = {a.filter for a in actions if isinstance(a, LocalSubscribe)}
-        asks = self.catchup.on_interest(peer, fresh, subscribed, self.table.holds,
-                                        int(time.time() * 1000), time.monotonic())
-        if not asks:
-            return None
-        loop = asyncio.get_running_loop()
-
-        def ask() -> None:
-            for a in asks:
-                loop.create_task(self._ask_plugin(a))
-
-        return lambda: self.forward_client.when_subscribed(ask)
-
-    async def _ask_plugin(self, ask: AskPlugin) -> None:
-        missed, complete = None, False
-        try:
-            missed, complete = missed_from_reply(await self.commands.catchup(ask.filters))
-        except Exception as exc:  # the plugin refused or did not answer: held ones go on
-            log.warning("catch-up failed: %s", exc, extra={"peer": ask.peer})
-        self._run_catch_up(self.catchup.on_reply(ask.request, missed, complete))
-
-    def _run_catch_up(self, actions: list[CatchUpAction]) -> None:
-        wall_ms = int(time.time() * 1000)
-        forwarder = self.forwarder
-        for action in actions:
-            if action.peer not in self.queues:
-                continue
-            if isinstance(action, Replay):
-                self._run_forward([forwarder.replay(action.peer, action.topic, action.payload,
-                                                    action.qos, action.properties, wall_ms,
-                                                    action.shared)], hold=False)
-            elif isinstance(action, Release):
-                self._run_forward([forwarder.renumber(a) for a in action.actions], hold=False)
-        self._schedule_flush()
-
-    def _note_plugin_ring(self, fields: Mapping[str, Any]) -> None:
-        """The plugin's ring size, from its pressure replies."""
-        self._plugin_ring = (int(fields.get("catchup_entries", 0)),
-                             int(fields.get("catchup_bytes", 0)))
-
-    def _catch_up_holds(self, action) -> bool:
-        """Hold a message for a peer whose catch-up on its topic is under way."""
-        if not isinstance(action, (QueueEnvelope, SendEnvelope)):
-            return False
-        env = action.envelope
-        shared = (InterestKey(env.shared_group, env.shared_filter)
-                  if env.shared_group is not None else None)
-        return self.catchup.hold(action.peer, env.topic, shared, action)
-
-    def catch_up_status(self) -> dict[str, Any]:
-        """Catch-up counters (sidecar side) and the ring of recent copies."""
-        return {**self.catchup.counters, "held": self.catchup.held,
-                "waiting": sum(len(r) for r in self.catchup.waiting.values()),
-                "recent_entries": len(self.catchup.recent),
-                "recent_bytes": self.catchup.recent.bytes,
-                "plugin_entries": self._plugin_ring[0], "plugin_bytes": self._plugin_ring[1]}
 
     def interest_status(self) -> dict[str, Any]:
         """Interest sent and received: per peer the lag (seconds since the oldest change it
