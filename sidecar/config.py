@@ -165,7 +165,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           " before its sessions' replicas take over"),
     },
     "catchup": {
-        "window": Key(float, 1.0, _between(0, 600), "seconds this node keeps its recent publishes"
+        "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"
                       " so a peer's new subscription gets what was published here between its"
                       " SUBACK and the moment this node learnt of it (0: off)"),
         "max_bytes": Key(int, 16 << 20, _between(1024, 2**32 - 1), "bytes of recent"

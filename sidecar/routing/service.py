@@ -118,7 +118,7 @@ class RoutingService(CatchUpWiring):
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
                  peer_tls: PeerTls | None = None, shed_above: int = 0,
-                 catchup_window: float = 1.0, catchup_margin: float = 0.05,
+                 catchup_window: float = 5.0, catchup_margin: float = 0.05,
                  catchup_bytes: int = 16 << 20) -> None:
         self.hello = hello
         self.node_id = hello.node_id
