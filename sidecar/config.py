@@ -101,6 +101,16 @@ def _non_negative(value: int) -> int:
     return value
 
 
+
+def _between(low: float, high: float) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not low <= value <= high:
+            raise ValueError(f"expected {low:g} to {high:g}")
+        return value
+
+    return check
+
+
 TOMBSTONE_GRACE = 86_400.0
 """Default of `retained.tombstone_grace`: seconds a tombstone (or an expired message) is kept
 before every node forgets it. A node cut off from the cluster for longer may bring the deleted
@@ -192,6 +202,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "grace": Key(float, 3.0, _positive, "seconds a node's peer streams must have been down,"
                      " after its etcd lease expired, before it is confirmed dead and one"
                      " survivor publishes its clients' wills"),
+    },
+    "catchup": {
+        "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"
+                      " so a peer's new subscription gets what was published here between its"
+                      " SUBACK and the moment this node learnt of it (0: off)"),
+        "max_bytes": Key(int, 16 << 20, _between(1024, 2**32 - 1), "bytes of recent"
+                         " publishes kept for that (in Mosquitto's plugin, and as much in the"
+                         " sidecar)"),
+        "margin": Key(float, 0.05, _between(0, 60), "seconds of clock skew allowed between"
+                      " nodes: a catch-up starts this long before the subscribe time (a"
+                      " message published up to this long before a subscription may reach it)"),
     },
     "overload": {
         "shed_above": Key(int, 0, _non_negative, "forwarding copies not yet acknowledged by"

@@ -92,6 +92,10 @@ MUTANTS = (
     Mutant("nothing resent after a reconnect", "sidecar/peering/outbound.py",
            "            self._unsent.extendleft(reversed(self._sent.values()))\n",
            "            pass\n", ("tests/peering/test_outbound.py",)),
+    Mutant("a catch-up holds nothing back", "sidecar/routing/catchup.py",
+           "        requests = self.waiting.get(peer)\n", "        requests = None\n",
+           ("tests/system/routing/test_catchup.py::test_a_stream_goes_on_in_order_from_the_suback",
+            "tests/routing/test_catchup.py")),
 )
 
 

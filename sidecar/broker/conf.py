@@ -152,6 +152,8 @@ class BrokerConfig:
     sidecar_id: str = "mqfed-sidecar"
     fwd_backlog_max: int = 0
     message_size_limit: int = DEFAULT_MESSAGE_SIZE_LIMIT
+    catchup_ms: int = 0
+    catchup_bytes: int = 16 << 20
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -178,6 +180,9 @@ def render(cfg: BrokerConfig) -> str:
                                                          else DEFAULT_MAX_QUEUED)
     if backlog_max > 0:
         out.append(f"plugin_opt_fwd_backlog_max {backlog_max}")
+    if cfg.catchup_ms > 0:
+        out.append(f"plugin_opt_catchup_ms {cfg.catchup_ms}")
+        out.append(f"plugin_opt_catchup_bytes {cfg.catchup_bytes}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

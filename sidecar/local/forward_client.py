@@ -129,6 +129,7 @@ class ForwardClient:
         self._by_mid: dict[int, int] = {}  # paho mid of a QoS > 0 publish -> its ticket
         self._retry_timer: asyncio.TimerHandle | None = None
         self._subscribing: dict[int, list[tuple[str, int]]] = {}  # SUBSCRIBE mid -> (filter, id)
+        self._sub_waiters: list[tuple[set[int], Callable[[], None]]] = []  # when_subscribed
         self.subscribe_packets = 0  # SUBSCRIBE and UNSUBSCRIBE packets sent
         self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
         self._subscribe_refusals: dict[str, int] = {}  # filter -> refusals in a row
@@ -259,6 +260,8 @@ class ForwardClient:
         entries = self._subscribing.pop(mid, None)
         if entries is None:
             return
+        if self._sub_waiters:
+            self._wake_sub_waiters(mid)
         codes = [c.value for c in reason_codes or ()]
         for i, (filter, subscription_id) in enumerate(entries):
             code = codes[i] if i < len(codes) else 0x80
@@ -266,6 +269,27 @@ class ForwardClient:
                 self._subscribe_refusals.pop(filter, None)
             else:
                 self._refused(filter, subscription_id, code)
+
+    def _wake_sub_waiters(self, mid: int) -> None:
+        assert self._loop is not None
+        left = []
+        for mids, callback in self._sub_waiters:
+            mids.discard(mid)
+            if mids:
+                left.append((mids, callback))
+            else:
+                self._loop.call_soon(callback)
+        self._sub_waiters = left
+
+    def when_subscribed(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (soon) once Mosquitto has answered every SUBSCRIBE sent so far: the
+        forwarding subscriptions issued until now are in effect (or refused). Never called if
+        the connection drops first (the caller has its own deadline)."""
+        loop = self._loop or asyncio.get_running_loop()
+        if not self._subscribing:
+            loop.call_soon(callback)
+        else:
+            self._sub_waiters.append((set(self._subscribing), callback))
 
     def _refused(self, filter: str, subscription_id: int, code: int) -> None:
         self.subscribe_refused += 1

@@ -55,6 +55,11 @@ READ_TIMEOUT = 4.0
 runs and the read fails with this link's message rather than theirs)."""
 
 
+OBSERVER_FILTER = "#"
+"""The control link's subscription with catch-up on: every routing makes a READ check for it,
+which the plugin refuses after noting the routing (recent.c)."""
+
+
 class LinkError(RuntimeError):
     """The link to the local Mosquitto or its plugin failed; the message says what to check."""
 
@@ -133,6 +138,7 @@ class LocalLink:
         self._reading: tuple[int, dict[str, mqtt.MQTTMessage], asyncio.Future] | None = None
         self._read_lock = asyncio.Lock()
         self._read_id = 0
+        self._observing = False
 
     # ---- paho thread -------------------------------------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -142,6 +148,8 @@ class LocalLink:
         _, mid = client.subscribe([(EVENTS_TOPIC, 1), (REPLY_TOPIC, 1)])
         with self._lock:
             self._subscribing[mid] = [EVENTS_TOPIC, REPLY_TOPIC]
+        if self._observing:
+            self._subscribe_observer()
         self._publish_sentinel()  # (again: a restarted Mosquitto has lost it)
         self._connections += 1
         first = self._connections == 1
@@ -261,6 +269,27 @@ class LocalLink:
             self._subscribing[mid] = filters
         if rc != mqtt.MQTT_ERR_SUCCESS:
             raise LinkError(f"cannot read retained messages: {mqtt.error_string(rc)}")
+
+    def observe(self) -> None:
+        """Subscribe to `#` (QoS 0, no retained messages) for the plugin's catch-up ring: the
+        plugin refuses every message routed to it and notes the routing instead (it never
+        arrives here). Made again at every reconnect."""
+        self._observing = True
+        if self.connected:
+            self._subscribe_observer()
+
+    def unobserve(self) -> None:
+        """Drop the `#` subscription (catch-up off): with the plugin's ring off, messages
+        routed to it would reach the link."""
+        self._observing = False
+        self._client.unsubscribe(OBSERVER_FILTER)
+
+    def _subscribe_observer(self) -> None:
+        options = SubscribeOptions(qos=0, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+        with self._lock:
+            _, mid = self._client.subscribe(OBSERVER_FILTER, options=options)
+            if mid is not None:
+                self._subscribing[mid] = [OBSERVER_FILTER]
 
     def _publish_sentinel(self) -> None:
         self._client.publish(SENTINEL_TOPIC, b"1", qos=1, retain=True)

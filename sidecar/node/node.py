@@ -268,7 +268,10 @@ class Node:
                               # a static peer list may name us differently, and no outsider
                               # can write it: only etcd records must name our own address
                               check_peer_address=cfg["membership"]["mode"] == "etcd",
-                              max_message_bytes=cfg["grpc"]["max_message_bytes"])
+                              max_message_bytes=cfg["grpc"]["max_message_bytes"],
+                              catchup_window=cfg["catchup"]["window"],
+                              catchup_margin=cfg["catchup"]["margin"],
+                              catchup_bytes=cfg["catchup"]["max_bytes"])
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

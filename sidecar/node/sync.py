@@ -74,7 +74,19 @@ class PluginSync:
             on_protocol_error=self.on_fatal,
         )
         await self.link.connect(timeout)
-        return await self.link.snapshot(timeout=timeout)
+        snapshot = await self.link.snapshot(timeout=timeout)
+        await self._observe(timeout)
+        return snapshot
+
+    async def _observe(self, timeout: float) -> None:
+        """With the plugin's catch-up ring on (`catchup_ms`), subscribe the link's observer;
+        else make sure it has none (the session may keep one from an earlier config)."""
+        assert self.link is not None
+        stats = await self.link.request("stats", timeout=timeout)
+        if stats.fields.get("catchup"):
+            self.link.observe()
+        else:
+            self.link.unobserve()
 
     def start(self, snapshot: Snapshot) -> None:
         """Apply the first snapshot and follow events from there."""
@@ -185,6 +197,14 @@ class PluginSync:
             await self.probe_with(b"")
         except (LinkError, CommandFailed) as exc:
             log.debug("forwarding probe failed", extra={"error": str(exc)})
+
+    async def catchup(self, filters: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+        """The plugin's recent publishes these (filter, since ms) missed (`catchup`); raises
+        CommandFailed or LinkError."""
+        assert self.link is not None
+        reply = await self.link.request("catchup", filters=[{"filter": f, "since": max(0, s)}
+                                                            for f, s in filters])
+        return reply.fields
 
     def report_pressure(self, report: Report,
                         on_reply: Callable[[dict[str, Any]], None]) -> None:

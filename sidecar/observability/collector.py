@@ -289,12 +289,56 @@ class NodeCollector(Collector):
                                   "messages forgotten after retained.tombstone_grace.",
                                   value=ret["purged"])
         yield from self._interest()
+        yield from self._catch_up()
         h = r.hop_latency
         buckets = [("+Inf" if b == float("inf") else repr(b / 1000), n)
                    for b, n in h.cumulative()]
         yield HistogramMetricFamily(
             "mqfed_forward_hop_latency_seconds", "From the origin's HLC stamp to receipt here "
             "(includes clock skew between nodes).", buckets=buckets, sum_value=h.sum_ms / 1000)
+
+    def _catch_up(self) -> Iterator[Metric]:
+        """Catch-up of peers' new subscriptions (architecture §3, "Catch-up")."""
+        r = self.node.routing
+        assert r is not None
+        st = r.catch_up_status()
+        replayed = _counter("catchup_replayed", "Messages sent to a peer for its new "
+                            "subscription, published here between its subscribe time (minus "
+                            "catchup.margin) and this node learning of it, by where they were "
+                            "found: the plugin's ring (no forwarding subscription took them) or "
+                            "the sidecar's (they went to other peers).", ["source"])
+        replayed.add_metric(["plugin"], st["replayed_plugin"])
+        replayed.add_metric(["sidecar"], st["replayed_recent"])
+        yield replayed
+        yield CounterMetricFamily("mqfed_catchup_requests", "Catch-up requests (a peer's new "
+                                  "interest, up to 1,000 filters each).", value=st["requests"])
+        yield CounterMetricFamily("mqfed_catchup_incomplete", "Catch-ups whose window reached "
+                                  "past what the plugin's ring still held (raise "
+                                  "catchup.window or catchup.max_bytes).",
+                                  value=st["incomplete"])
+        yield CounterMetricFamily("mqfed_catchup_failed", "Catch-ups the plugin did not answer "
+                                  "in time (what they held went on without them).",
+                                  value=st["failed"])
+        yield CounterMetricFamily("mqfed_catchup_late", "Peers' new interest keys that arrived "
+                                  "more than catchup.window after their subscription (no "
+                                  "catch-up: raise the window, or see the interest lag).",
+                                  value=st["too_old"])
+        yield CounterMetricFamily("mqfed_catchup_clock_ahead", "Peers' subscribe times ahead "
+                                  "of this node's clock by more than catchup.margin (clock "
+                                  "skew beyond the margin: messages may be missed).",
+                                  value=st["ahead"])
+        entries = _gauge("catchup_ring_entries", "Recent publishes kept for catch-up: in the "
+                         "plugin (every local publish) and in the sidecar (forwarded copies).",
+                         ["ring"])
+        nbytes = _gauge("catchup_ring_bytes", "Bytes of the catch-up rings.", ["ring"])
+        entries.add_metric(["plugin"], st["plugin_entries"])
+        entries.add_metric(["sidecar"], st["recent_entries"])
+        nbytes.add_metric(["plugin"], st["plugin_bytes"])
+        nbytes.add_metric(["sidecar"], st["recent_bytes"])
+        yield entries
+        yield nbytes
+        yield GaugeMetricFamily("mqfed_catchup_held", "Messages for peers held until their "
+                                "catch-up is sent.", value=st["held"])
 
     def _interest(self) -> Iterator[Metric]:
         """Interest lag per peer (docs/operations.md: alert above 5 s for a minute)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from sidecar.peering.handshake import (
     CAPABILITIES,
+    CATCH_UP,
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
@@ -40,6 +41,8 @@ MISSING_MEANS: dict[str, str] = {
     DRAIN: "the older node does not learn of a drain (it may still count the draining node "
            "as a replica)",
     INTEREST_CHUNKS: "interest snapshots go in one frame; no interest lag is measured",
+    CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
+              "there between the SUBACK and then are missed)",
 }
 """What a pair of nodes lacks when one of them lacks a capability (`ctl status`)."""
 assert set(MISSING_MEANS) == CAPABILITIES

@@ -7,7 +7,7 @@ concatenation of its elements), so the hot path never re-parses what it already 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sidecar._proto import peer_pb2
 from sidecar.message import MessageProperties
@@ -91,8 +91,11 @@ def ack_frame(acks: Sequence[tuple[int, int, int]]) -> bytes:
     return peer_pb2.Frame(ack_batch=batch).SerializeToString()
 
 
-def _entries(keys: Iterable[InterestKey]) -> list[peer_pb2.InterestEntry]:
-    return [peer_pb2.InterestEntry(group=k.group, filter=k.filter) for k in keys]
+def _entries(keys: Iterable[InterestKey],
+             since: Mapping[InterestKey, int] | None = None) -> list[peer_pb2.InterestEntry]:
+    times = since or {}
+    return [peer_pb2.InterestEntry(group=k.group, filter=k.filter, since_ms=times.get(k, 0))
+            for k in keys]
 
 
 def _keys(entries: Iterable[peer_pb2.InterestEntry]) -> frozenset[InterestKey]:
@@ -100,15 +103,22 @@ def _keys(entries: Iterable[peer_pb2.InterestEntry]) -> frozenset[InterestKey]:
                      for e in entries)
 
 
+def _since(*lists: Iterable[peer_pb2.InterestEntry]) -> dict[InterestKey, int]:
+    """The subscribe times the entries carry (catch-up)."""
+    return {InterestKey(e.group if e.HasField("group") else None, e.filter): e.since_ms
+            for entries in lists for e in entries if e.since_ms}
+
+
 def interest_snapshot_frame(snap: InterestSnapshot) -> bytes:
-    msg = peer_pb2.InterestSnapshot(version=snap.version, entries=_entries(snap.keys),
+    msg = peer_pb2.InterestSnapshot(version=snap.version, entries=_entries(snap.keys, snap.since),
                                     chunk=snap.chunk, more=not snap.last)
     return peer_pb2.Frame(interest_snapshot=msg).SerializeToString()
 
 
 def interest_delta_frame(delta: InterestDelta) -> bytes:
     msg = peer_pb2.InterestDelta(from_version=delta.from_version, to_version=delta.to_version,
-                                 added=_entries(delta.added), removed=_entries(delta.removed))
+                                 added=_entries(delta.added, delta.since),
+                                 removed=_entries(delta.removed))
     return peer_pb2.Frame(interest_delta=msg).SerializeToString()
 
 
@@ -123,8 +133,10 @@ def interest_applied_frame(version: int) -> bytes:
 
 
 def snapshot_from(msg: peer_pb2.InterestSnapshot) -> InterestSnapshot:
-    return InterestSnapshot(msg.version, _keys(msg.entries), msg.chunk, not msg.more)
+    return InterestSnapshot(msg.version, _keys(msg.entries), msg.chunk, not msg.more,
+                            _since(msg.entries))
 
 
 def delta_from(msg: peer_pb2.InterestDelta) -> InterestDelta:
-    return InterestDelta(msg.from_version, msg.to_version, _keys(msg.added), _keys(msg.removed))
+    return InterestDelta(msg.from_version, msg.to_version, _keys(msg.added), _keys(msg.removed),
+                         _since(msg.added))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CAPABILITIES",
+    "CATCH_UP",
     "DRAIN",
     "INTEREST_CHUNKS",
     "PROTOCOL_MAJOR",
@@ -64,8 +65,12 @@ never counted as a replica); every 1.2 node."""
 DRAIN = "drain"
 """1.3: NodeState frames (a node tells its peers it drains: they stop counting it as a
 replica or as a target for sessions)."""
+CATCH_UP = "catch-up"
+"""1.3: interest entries carry their subscribe time (`since_ms`); the receiver replays what its
+new forwarding subscriptions missed (sidecar.routing.catchup). An older node ignores the
+field."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
-                                          SESSION_REPLICAS, DRAIN})
+                                          SESSION_REPLICAS, DRAIN, CATCH_UP})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

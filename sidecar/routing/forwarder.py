@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import HybridClock
 from sidecar.message import MessageProperties
+from sidecar.routing.catchup import RecentCopies
 from sidecar.routing.interest import RemoteInterest
 from sidecar.routing.table import InterestKey
 
@@ -111,8 +112,10 @@ class Forwarder:
     """Turns local copies into envelopes and releases local acks once peers settled them."""
 
     def __init__(self, node_id: str, incarnation: int, interest: RemoteInterest,
-                 clock: HybridClock) -> None:
+                 clock: HybridClock, recent: RecentCopies | None = None) -> None:
+        """`recent`: where forwarded copies are kept for catch-up (sidecar.routing.catchup)."""
         self.node_id = node_id
+        self.recent = recent
         self.incarnation = incarnation
         self.interest = interest
         self.clock = clock
@@ -139,6 +142,9 @@ class Forwarder:
         decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
         actions: list[ForwardAction] = [Unroutable(key) for key in decision.unroutable]
         self.unroutable += len(decision.unroutable)
+        if decision.peers and not copy.retain and self.recent is not None:
+            self.recent.add(wall_ms, copy.topic, copy.payload, copy.qos, copy.properties,
+                            decision.peers)
         targets = [(peer, None, "") for peer in ([] if copy.retain else sorted(decision.peers))]
         targets += [(s.peer, s.group, s.filter) for s in decision.shared]
         if not targets:
@@ -162,6 +168,40 @@ class Forwarder:
                 if isinstance(action, QueueEnvelope) and action.envelope.shared_group is not None:
                     self._shared[(seq, action.peer)] = (action.envelope, {action.peer})
         return actions
+
+    def replay(self, peer: str, topic: str, payload: bytes, qos: int,
+               properties: MessageProperties, wall_ms: int,
+               shared: InterestKey | None = None) -> ForwardAction:
+        """A catch-up replay for `peer` alone: a new message id, no local ack waits for it; a
+        shared delivery (`shared`) is re-routed like any if that peer has no member left."""
+        self._seq += 1
+        env = Envelope(self.node_id, self.incarnation, self._seq, self.clock.now(wall_ms).pack(),
+                       topic, payload, qos, False, properties,
+                       shared.group if shared is not None else None,
+                       shared.filter if shared is not None else "")
+        if qos == 0:
+            return SendEnvelope(peer, env)
+        if shared is not None:
+            self._shared[(env.origin_seq, peer)] = (env, {peer})
+        return QueueEnvelope(peer, env)
+
+    def renumber(self, action: SendEnvelope | QueueEnvelope) -> SendEnvelope | QueueEnvelope:
+        """The same action under a new seq (an action held while a catch-up ran: the peer's
+        queue takes increasing seqs); the local ack now waits for the new one."""
+        peer, env = action.peer, action.envelope
+        old = env.origin_seq
+        self._seq += 1
+        moved = replace(env, origin_seq=self._seq)
+        pending = self._pending.get(old)
+        if pending is not None and (peer, old) in pending.waiting:
+            pending.waiting.discard((peer, old))
+            pending.waiting.add((peer, self._seq))
+            pending.seqs.append(self._seq)
+            self._pending[self._seq] = pending
+        entry = self._shared.pop((old, peer), None)
+        if entry is not None:
+            self._shared[(self._seq, peer)] = (moved, entry[1])
+        return type(action)(peer, moved)
 
     def on_rejected(self, peer: str, seq: int) -> list[ForwardAction]:
         """`peer` will not deliver `seq` (for a shared delivery: it has no member left). A

@@ -318,6 +318,11 @@ class RemoteInterest:
         state = self._peers.get(peer)
         return frozenset() if state is None else frozenset(state.keys)
 
+    def holds(self, peer: str, key: InterestKey) -> bool:
+        """Whether the peer holds `key` (O(1))."""
+        state = self._peers.get(peer)
+        return state is not None and key in state.keys
+
     def key_count(self, peer: str) -> int:
         """How many keys the peer holds."""
         state = self._peers.get(peer)

@@ -5,20 +5,27 @@ versioned key set. Changes fed together become one delta (coalesced: a key added
 again cancels out); `apply_chunked` splits a large one into consecutive deltas of at most
 `max_keys` keys, and `snapshot_chunks` splits the whole interest the same way, so no frame grows
 with the interest held.
+
+Keys added within the last `keep_ms` keep their subscribe time (`InterestAdded.at_ms`): deltas
+and snapshot chunks carry it in `since`, for the peers' catch-up (sidecar.routing.catchup).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import islice
 
 from sidecar.routing.table import InterestAdded, InterestChange, InterestKey, InterestRemoved
 
-__all__ = ["CHUNK_KEYS", "InterestDelta", "InterestSnapshot", "LocalInterest"]
+__all__ = ["CHUNK_KEYS", "KEEP_SINCE_MS", "InterestDelta", "InterestSnapshot", "LocalInterest"]
 
 CHUNK_KEYS = 5000
 """Keys per delta or snapshot chunk sent to peers (about 150 KB on the wire)."""
+
+KEEP_SINCE_MS = 10_000
+"""How long an added key's subscribe time is kept for snapshots (a peer's catch-up window is
+far shorter; an older time is no use to it)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class InterestSnapshot:
     keys: frozenset[InterestKey]
     chunk: int = 0
     last: bool = True
+    since: Mapping[InterestKey, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class InterestDelta:
     to_version: int
     added: frozenset[InterestKey] = frozenset()
     removed: frozenset[InterestKey] = frozenset()
+    since: Mapping[InterestKey, int] = field(default_factory=dict, compare=False)
 
 
 class LocalInterest:
@@ -49,9 +58,11 @@ class LocalInterest:
     returns, in order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_ms: int = KEEP_SINCE_MS) -> None:
         self.version = 0
         self._keys: set[InterestKey] = set()
+        self._since: dict[InterestKey, int] = {}  # recently added keys, oldest first
+        self._keep_ms = keep_ms
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -68,20 +79,27 @@ class LocalInterest:
         added: set[InterestKey] = set()
         removed: set[InterestKey] = set()
         keys = self._keys
+        since = self._since
+        newest = 0
         for change in changes:
             key = change.key
             if isinstance(change, InterestAdded) and key not in keys:
                 keys.add(key)
+                if change.at_ms is not None:
+                    since[key] = change.at_ms
+                    newest = max(newest, change.at_ms)
                 if key in removed:
                     removed.discard(key)
                 else:
                     added.add(key)
             elif isinstance(change, InterestRemoved) and key in keys:
                 keys.discard(key)
+                since.pop(key, None)
                 if key in added:
                     added.discard(key)
                 else:
                     removed.add(key)
+        self._forget_since(newest)
         if not added and not removed:
             return []
         limit = max_keys or len(added) + len(removed)
@@ -93,13 +111,28 @@ class LocalInterest:
             part_added = frozenset(islice(add, limit - len(part_removed)))
             left -= len(part_removed) + len(part_added)
             deltas.append(InterestDelta(self.version, self.version + 1, part_added,
-                                        part_removed))
+                                        part_removed, self._times(part_added)))
             self.version += 1
         return deltas
 
+    def _times(self, keys: Iterable[InterestKey]) -> dict[InterestKey, int]:
+        since = self._since
+        return {k: since[k] for k in keys if k in since}
+
+    def _forget_since(self, newest: int) -> None:
+        """Drop subscribe times older than `keep_ms` before `newest` (O(dropped))."""
+        since = self._since
+        limit = newest - self._keep_ms
+        while since:
+            key = next(iter(since))
+            if since[key] >= limit:
+                break
+            del since[key]
+
     def snapshot(self) -> InterestSnapshot:
         """The whole interest at the current version."""
-        return InterestSnapshot(self.version, frozenset(self._keys))
+        keys = frozenset(self._keys)
+        return InterestSnapshot(self.version, keys, since=self._times(self._since))
 
     def snapshot_chunks(self, max_keys: int = CHUNK_KEYS) -> Iterator[InterestSnapshot]:
         """The whole interest at the current version in chunks of at most `max_keys` keys (at
@@ -109,7 +142,8 @@ class LocalInterest:
         index = 0
         while True:
             following = frozenset(islice(keys, max_keys))
-            yield InterestSnapshot(self.version, part, index, last=not following)
+            yield InterestSnapshot(self.version, part, index, last=not following,
+                                   since=self._times(part))
             if not following:
                 return
             part, index = following, index + 1

@@ -42,6 +42,7 @@ from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import FrameTooLarge, PeerTransport
 from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.acks import sort_acks
+from sidecar.routing.catchup_wiring import CatchUpWiring
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -100,6 +101,10 @@ class PluginCommands(Protocol):
                         on_reply: Callable[[dict[str, Any]], None]) -> None:
         """Report the overload state; `on_reply` gets the plugin's answer."""
 
+    async def catchup(self, filters: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+        """The plugin's recent publishes these (filter, since ms) missed (its reply's fields);
+        raises when the plugin refuses or does not answer."""
+
     @property
     def connected(self) -> bool:
         """The control link is up."""
@@ -115,7 +120,7 @@ class PeerFrames(Protocol):
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None: ...
 
 
-class RoutingService:
+class RoutingService(CatchUpWiring):
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
@@ -124,7 +129,10 @@ class RoutingService:
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
                  peer_tls: PeerTls | None = None, shed_above: int = 0,
-                 check_peer_address: bool = True, max_message_bytes: int = 64 << 20) -> None:
+                 check_peer_address: bool = True, max_message_bytes: int = 64 << 20,
+
+                 catchup_window: float = 5.0, catchup_margin: float = 0.05,
+                 catchup_bytes: int = 16 << 20) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -140,7 +148,9 @@ class RoutingService:
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
         self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
-        self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock)
+        recent = self._init_catch_up(catchup_window, catchup_margin, catchup_bytes)
+        self.forwarder = Forwarder(self.node_id, self.incarnation, self.remote, self.clock,
+                                   recent)
         self.receiver = Receiver()
         self.queues: dict[str, OutboundQueue] = {}
         self._offered_at: dict[str, dict[int, float]] = {}
@@ -248,6 +258,8 @@ class RoutingService:
             self.pacing.forget(peer)
             self.lag.forget(peer)
             self._chunked.discard(peer)
+            self.catchup.forget(peer)
+            self._snapshot_since.pop(peer, None)
         for peer in peers:
             if peer not in self.queues:
                 store = SqliteSpillStore(self.spill_dir / f"{peer}.sqlite")
@@ -299,6 +311,7 @@ class RoutingService:
             self._chunked.add(peer)
         else:
             self._chunked.discard(peer)
+        self._note_catch_up(peer, accept)
         self._send_interest()  # what the table changed before goes first: the snapshot has it
         self._send_snapshot(peer)
         if RETAINED in accept.capabilities:  # a peer without a feature never gets its frames
@@ -339,6 +352,7 @@ class RoutingService:
         self.on_peer_hello(accept.peer)
         if INTEREST_CHUNKS in accept.capabilities:
             self._chunked.add(peer)
+        self._note_catch_up(peer, accept)
 
     def on_inbound_down(self, peer: str, reason: str) -> None:
         self.receiver.on_inbound_down(peer)  # unsent acks: the peer re-sends those messages
@@ -354,11 +368,15 @@ class RoutingService:
             self._on_acks(peer, frame.ack_batch.acks)
         elif kind == "interest_snapshot":
             snapshot = peer_frames.snapshot_from(frame.interest_snapshot)
-            self._run_interest(self.remote.apply_snapshot(peer, snapshot),
-                               peer if snapshot.last else None)
+            fresh = self._catch_up_fresh(peer, snapshot.since, snapshot.chunk, snapshot.last)
+            actions = self.remote.apply_snapshot(peer, snapshot)
+            self._run_interest(actions, peer if snapshot.last else None,
+                               self._catch_up(peer, fresh, actions))
         elif kind == "interest_delta":
-            self._run_interest(self.remote.apply_delta(peer, peer_frames.delta_from(
-                frame.interest_delta)), peer)
+            delta = peer_frames.delta_from(frame.interest_delta)
+            fresh = self._catch_up_fresh(peer, delta.since)
+            actions = self.remote.apply_delta(peer, delta)
+            self._run_interest(actions, peer, self._catch_up(peer, fresh, actions))
         elif kind == "interest_applied":
             self.lag.on_applied(peer, frame.interest_applied.version, time.monotonic())
         elif kind == "interest_request":
@@ -377,10 +395,12 @@ class RoutingService:
         """A local client's retained publish (plugin event): the retained path takes it."""
         self.retained.on_local(event)
 
-    def _run_interest(self, actions: list[InterestAction], applied: str | None = None) -> None:
+    def _run_interest(self, actions: list[InterestAction], applied: str | None = None,
+                      after: Callable[[], None] | None = None) -> None:
         """Persist the change's rows (off the loop), then issue its (un)subscriptions: a crash
         never leaves Mosquitto with identifiers the restarted sidecar does not know. Then tell
-        `applied` (the peer whose interest this was) the version now in effect."""
+        `applied` (the peer whose interest this was) the version now in effect, and run
+        `after` (a catch-up's request)."""
         local = [a for a in actions if isinstance(a, (LocalSubscribe, LocalUnsubscribe))]
         for action in actions:
             if isinstance(action, RequestSnapshot):
@@ -392,6 +412,8 @@ class RoutingService:
             self._issue(local)
             if version is not None:  # (a peer before 1.1 ignores it)
                 self.transport.reply(applied, peer_frames.interest_applied_frame(version))
+            if after is not None:
+                after()
 
         self.persister.submit(self.remote.take_journal(), then)
 
@@ -451,9 +473,11 @@ class RoutingService:
                                time.time() * 1000, ",".join(peers),
                                "" if peers else "no peer has a matching subscription")
 
-    def _run_forward(self, actions) -> None:
+    def _run_forward(self, actions, hold: bool = True) -> None:
         now = time.monotonic()
         for action in actions:
+            if hold and self.catchup.waiting and self._catch_up_holds(action):
+                continue
             if isinstance(action, QueueEnvelope):
                 self._queue(action.peer, action.envelope, now)
             elif isinstance(action, SendEnvelope):
@@ -741,6 +765,8 @@ class RoutingService:
     def on_tick(self, now: float) -> None:
         """Every 50 ms: probe the forwarding client when due, and report the overload state
         to the plugin (sidecar.local.pressure)."""
+        if self.catchup.waiting:
+            self._run_catch_up(self.catchup.on_timer(now))
         if self.forward_client.wants_probe():
             self.commands.probe_forwarding()
         if not self.commands.connected:
@@ -759,9 +785,9 @@ class RoutingService:
             log.warning("overload over: publishers are accepted again",
                         extra={"unacked": report.unacked,
                                "publishers_shed": bp.publishers_shed})
-        self.commands.report_pressure(report, lambda fields: bp.on_reply(
+        self.commands.report_pressure(report, lambda fields: (bp.on_reply(
             bool(fields.get("shedding")), int(fields.get("shed_total", 0)),
-            int(fields.get("backlog", 0))))
+            int(fields.get("backlog", 0))), self._note_plugin_ring(fields)))
 
     def interest_status(self) -> dict[str, Any]:
         """Interest sent and received: per peer the lag (seconds since the oldest change it
@@ -794,6 +820,7 @@ class RoutingService:
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),
+            "catchup": self.catch_up_status(),
         }
 
 

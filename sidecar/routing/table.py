@@ -22,6 +22,7 @@ from sidecar.local.events import (
     Subscribe,
     Unsubscribe,
 )
+from sidecar.local.protocol import SIDECAR_USERNAME
 from sidecar.topics import TopicError, parse_filter
 
 __all__ = [
@@ -55,9 +56,11 @@ class InterestKey:
 
 @dataclass(frozen=True)
 class InterestAdded:
-    """The first local session subscribed to `key`."""
+    """The first local session subscribed to `key`; `at_ms`: when (the plugin's wall clock, at
+    the ACL check before its SUBACK), None if unknown or made by the sidecar itself (a shadow)."""
 
     key: InterestKey
+    at_ms: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class SubscriptionTable:
             else:
                 self._drop_client(event.client, changes)
         elif isinstance(event, Subscribe):
-            self._subscribe(event.client, event.filter, event.qos, changes)
+            self._subscribe(event.client, event.filter, event.qos, changes, event.t_ms)
         elif isinstance(event, Unsubscribe):
             session = self._sessions.get(event.client)
             if session is not None and event.filter in session.subs:
@@ -179,6 +182,10 @@ class SubscriptionTable:
     def interest(self) -> dict[InterestKey, int]:
         """Every key held by a session, with the number of sessions holding it."""
         return {key: sum(counts) for key, counts in self._qos_counts.items()}
+
+    def holds(self, key: InterestKey) -> bool:
+        """Whether a local session holds `key` (O(1))."""
+        return key in self._qos_counts
 
     def interest_count(self) -> int:
         """How many keys are held (O(1))."""
@@ -235,7 +242,8 @@ class SubscriptionTable:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _subscribe(self, client: str, filter: str, qos: int, changes: list[InterestChange]) -> None:
+    def _subscribe(self, client: str, filter: str, qos: int, changes: list[InterestChange],
+                   at_ms: int | None = None) -> None:
         session = self._sessions.get(client)
         if session is None:  # no connect seen (should not happen after a snapshot)
             session = self._sessions[client] = _Session(SessionInfo(online=True))
@@ -256,7 +264,8 @@ class SubscriptionTable:
         counts = self._qos_counts.get(key)
         if counts is None:
             counts = self._qos_counts[key] = [0, 0, 0]
-            changes.append(InterestAdded(key))
+            shadow = session.info.username == SIDECAR_USERNAME  # (catch-up is its client's)
+            changes.append(InterestAdded(key, None if shadow else at_ms))
         counts[qos] += 1
 
     def _release(self, key: InterestKey, qos: int, changes: list[InterestChange]) -> None:

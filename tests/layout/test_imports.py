@@ -101,7 +101,7 @@ CORES = {
     "sidecar.peering.dedup", "sidecar.peering.outbound", "sidecar.peering.handshake",
     "sidecar.routing.shared", "sidecar.routing.pacing", "sidecar.routing.receiver",
     "sidecar.membership.routed", "sidecar.routing.acks", "sidecar.routing.local_interest",
-    "sidecar.routing.lag", "sidecar.observability.latency",
+    "sidecar.routing.lag", "sidecar.routing.catchup", "sidecar.observability.latency",
     "sidecar.hlc", "sidecar.topics", "sidecar.message", "sidecar.challenge",
     "sidecar.sessions.record", "sidecar.sessions.registry", "sidecar.rendezvous",
     "sidecar.wills.record", "sidecar.wills.table", "sidecar.wills.liveness",

@@ -9,6 +9,7 @@ from sidecar._proto import peer_pb2
 from sidecar.peering.capabilities import FRAME_FIELDS, MISSING_MEANS, features_off, needs
 from sidecar.peering.handshake import (
     CAPABILITIES,
+    CATCH_UP,
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
@@ -38,7 +39,10 @@ def test_every_frame_body_of_a_feature_names_its_capability():
         wanted = next((cap for p, cap in prefixes.items() if name.startswith(p)), None)
         wanted = {"interest_applied": INTEREST_CHUNKS, "node_state": DRAIN}.get(name, wanted)
         assert FRAME_FIELDS.get(number) == wanted, name
-    assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS} == CAPABILITIES == set(MISSING_MEANS)
+    # session-replicas and catch-up have no frame of their own (catch-up is a field of
+    # interest entries an older node ignores)
+    assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS, CATCH_UP} == CAPABILITIES \
+        == set(MISSING_MEANS)
 
 
 def test_needs_reads_the_body_field_of_a_serialized_frame():
@@ -63,8 +67,9 @@ def test_older_minors_imply_the_features_they_had_before_their_flags():
 def test_a_1_1_peer_gets_retained_and_session_frames_but_no_wills():
     old = accept(1, frozenset({INTEREST_CHUNKS}))
     assert old.capabilities == {INTEREST_CHUNKS, RETAINED, SESSIONS}
-    assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN})
-    assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == CAPABILITIES - {DRAIN}
+    assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN, CATCH_UP})
+    assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == \
+        CAPABILITIES - {DRAIN, CATCH_UP}
     assert accept(0, frozenset()).capabilities == frozenset()
 
 

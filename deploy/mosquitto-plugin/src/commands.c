@@ -9,6 +9,7 @@
 #include "hold.h"
 #include "model.h"
 #include "origin.h"
+#include "recent.h"
 #include "shed.h"
 #include "sidecar.h"
 
@@ -480,6 +481,80 @@ static void cmd_admission(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
+/* A subscription filter, or $share/<group>/<filter> with a group free of '/', '+' and '#'. */
+static bool valid_filter(const char *filter)
+{
+	const char *inner;
+	size_t group;
+
+	if(filter == NULL) return false;
+	inner = strip_share(filter);
+	if(strncmp(filter, "$share/", 7) == 0){
+		if(inner == filter) return false;
+		group = (size_t)(inner - filter) - 8;
+		if(group == 0 || memchr(filter + 7, '+', group) || memchr(filter + 7, '#', group)){
+			return false;
+		}
+	}
+	return mosquitto_sub_topic_check(inner) == MOSQ_ERR_SUCCESS;
+}
+
+/* Catch-up (recent.c): the recent publishes a peer's new subscriptions missed here.
+ * `filters`: [{filter (verbatim, $share/<g>/ included), since (ms, the subscribe time)}]. */
+static void cmd_catchup(const struct request *rq, const cJSON *req)
+{
+	const cJSON *list = cJSON_GetObjectItemCaseSensitive(req, "filters"), *it;
+	struct recent_query *q;
+	unsigned n, i = 0;
+	uint64_t since;
+	const char *filter, *err = NULL;
+	cJSON *o;
+
+	n = cJSON_IsArray(list) ? (unsigned)cJSON_GetArraySize(list) : 0;
+	if(n == 0 || n > RECENT_MAX_FILTERS){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	q = calloc(n, sizeof(*q));
+	if(q == NULL){
+		reply_error(rq, "internal");
+		return;
+	}
+	cJSON_ArrayForEach(it, list){
+		filter = get_str(it, "filter");
+		if(!valid_filter(filter) || !get_uint(it, "since", &since) || since > INT64_MAX){
+			err = "bad_request";
+			break;
+		}
+		q[i].filter = filter;
+		q[i].since_ms = (int64_t)since;
+		i++;
+	}
+	o = err ? NULL : reply_new(rq, true);
+	if(err == NULL && o == NULL) err = "internal";
+	if(err == NULL) err = recent_catchup(q, n, o);
+	free(q);
+	if(err){
+		cJSON_Delete(o);
+		reply_error(rq, err);
+		return;
+	}
+	reply_send(rq, o);
+}
+
+static void add_recent_stats(cJSON *o)
+{
+	struct recent_stats rs;
+
+	recent_stats(&rs);
+	cJSON_AddNumberToObject(o, "catchup_entries", (double)rs.entries);
+	cJSON_AddNumberToObject(o, "catchup_bytes", (double)rs.bytes);
+	cJSON_AddNumberToObject(o, "catchup_pending", (double)rs.pending);
+	cJSON_AddNumberToObject(o, "catchup_replayed", (double)rs.replayed);
+	cJSON_AddNumberToObject(o, "catchup_requests", (double)rs.requests);
+	cJSON_AddNumberToObject(o, "catchup_incomplete", (double)rs.incomplete);
+}
+
 /* The sidecar's report (every ~0.5 s): the copies it holds unacknowledged, its running count
  * of copies taken, and how long to shed (shed.c). */
 static void cmd_pressure(const struct request *rq, const cJSON *req)
@@ -500,6 +575,7 @@ static void cmd_pressure(const struct request *rq, const cJSON *req)
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
 		cJSON_AddNumberToObject(o, "shed_total", (double)sh.total);
 		cJSON_AddNumberToObject(o, "backlog", (double)shed_backlog());
+		add_recent_stats(o);
 	}
 	reply_send(rq, o);
 }
@@ -546,6 +622,8 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "fwd_backlog", (double)shed_backlog());
 		cJSON_AddBoolToObject(o, "shedding", shed_active());
 		cJSON_AddNumberToObject(o, "shed_total", (double)sh.total);
+		cJSON_AddBoolToObject(o, "catchup", recent_enabled());
+		add_recent_stats(o);
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 	}
@@ -626,6 +704,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "stats")){
 		cmd_stats(&rq);
+	}else if(streq(rq.cmd, "catchup")){
+		cmd_catchup(&rq, req);
 	}else if(streq(rq.cmd, "ack")){
 		reply_error(&rq, "unsupported_version");
 	}else{

@@ -165,6 +165,12 @@ void origin_event(void)
 	}
 }
 
+/* Changes at every callback other than a READ check (recent.c: which routing is running). */
+uint64_t origin_run_seq(void)
+{
+	return run_seq;
+}
+
 void origin_on_message(const struct mosquitto_evt_message *ed)
 {
 	struct fwd_q2 *e = NULL;

@@ -12,6 +12,7 @@
 #include "hold.h"
 #include "model.h"
 #include "origin.h"
+#include "recent.h"
 #include "shed.h"
 #include "sidecar.h"
 #include "subopts.h"
@@ -40,6 +41,8 @@ struct module_opts {
 	uint64_t fwd_q2_max;
 	uint64_t fwd_backlog_max;
 	bool sessions_gate;
+	uint64_t catchup_ms;
+	uint64_t catchup_bytes;
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -138,6 +141,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->fwd_q2_max = 65535;
 	mo->fwd_backlog_max = 0;
 	mo->sessions_gate = false;
+	mo->catchup_ms = 0;
+	mo->catchup_bytes = 16u << 20;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -186,6 +191,10 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			mo->sessions_gate = streq(val, "true");
 		}else if(streq(k, "fwd_backlog_max")){
 			if(parse_u64(k, val, 0, UINT32_MAX, &mo->fwd_backlog_max)) return -1;
+		}else if(streq(k, "catchup_ms")){
+			if(parse_u64(k, val, 0, 600000, &mo->catchup_ms)) return -1;
+		}else if(streq(k, "catchup_bytes")){
+			if(parse_u64(k, val, 1024, UINT32_MAX, &mo->catchup_bytes)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -327,9 +336,11 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 	switch(ed->access){
 		case MOSQ_ACL_SUBSCRIBE:
 			shed_fwd_filter(ed->topic, true);
+			recent_fwd_filter(ed->topic, true);
 			break;
 		case MOSQ_ACL_UNSUBSCRIBE:
 			shed_fwd_filter(ed->topic, false);
+			recent_fwd_filter(ed->topic, false);
 			break;
 		case MOSQ_ACL_READ:
 			/* not the re-check of its queued messages while .fwd connects (state not yet
@@ -413,11 +424,16 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 					ed->retain)){
 			return MOSQ_ERR_ACL_DENIED;
 		}
+		/* catch-up: note the routing; the control connection's `#` only observes (recent.c) */
+		if(recent_read(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos, ed->retain)){
+			return MOSQ_ERR_ACL_DENIED;
+		}
 	}else{
 		origin_event();
 	}
 	if(is_sidecar(ed->client)){
 		if(is_fwd(ed->client)) on_fwd_acl(ed);
+		else if(ed->access == MOSQ_ACL_SUBSCRIBE) recent_sidecar_checks();
 		return MOSQ_ERR_SUCCESS;
 	}
 	/* a shadow makes the subscriptions its client had on another node, where they were
@@ -620,6 +636,9 @@ static int on_message(int event, void *event_data, void *userdata)
 			&& oversize(ed)){
 		return refuse_oversize(ed);
 	}
+	/* catch-up ring (recent.c): ordinary clients' publishes, retained ones aside */
+	recent_on_message(ed, !ed->retain && ed->client != sidecar && ed->client != fwd
+			&& !is_sidecar(ed->client) && !is_shadow(ed->client));
 	if(ed->qos > 0 && ed->client != sidecar && ed->client != fwd && !is_sidecar(ed->client)
 			&& shed_publish(ed->client, ed->topic, ed->qos)){
 		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
@@ -702,6 +721,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	}
 	hold_tick();
 	subopts_tick();
+	recent_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -744,6 +764,7 @@ static void free_all(void)
 {
 	model_cleanup();
 	origin_cleanup();
+	recent_cleanup();
 	shed_cleanup();
 	commands_cleanup();
 	hold_clear();
@@ -793,6 +814,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	}
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
 	shed_init(mo.fwd_backlog_max);
+	recent_init(mo.catchup_ms, mo.catchup_bytes);
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);

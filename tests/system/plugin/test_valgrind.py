@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.system.plugin.helpers import (
     SECRET,
@@ -33,7 +34,8 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     vglog = tmp_path / "valgrind.log"
     b = make_broker(
         name="mosquitto-valgrind",
-        opts={"heartbeat_ms": 200, "buffer_max_events": 150, "event_window": 50},
+        opts={"heartbeat_ms": 200, "buffer_max_events": 150, "event_window": 50,
+              "catchup_ms": 60000, "catchup_bytes": 8192},
         wrapper=["valgrind", "--error-exitcode=99", "--errors-for-leak-kinds=definite",
                  "--leak-check=full", "--trace-children=no", f"--suppressions={SUPP}",
                  f"--log-file={vglog}"])
@@ -204,6 +206,29 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert all(c["will"] is False for c in snap if c["online"])  # read for the snapshot too
     v3.drop()
     sc2.wait_type("disconnect", client="vg-v311", timeout=20)
+
+    # catch-up ring: the observer, QoS 0/1/2 with properties (one left waiting for its PUBREL),
+    # a group joined, evictions by bytes, a catchup answer, a bad request
+    rc, mid = sc2.c.subscribe("#", options=SubscribeOptions(qos=0, retainHandling=2))
+    sc2._wait_ack(mid, 20)
+    t0 = int(time.time() * 1000)
+    cu = clients(RawClient("vg-catchup", port=b.port))
+    cu.connect(timeout=20)
+    for i in range(60):
+        cu.publish(f"cu/{i % 3}", b"z" * 200, qos=i % 2)
+    cu.publish2("cu/q2", b"two")
+    cu.publish("cu/left", b"waiting", qos=2)
+    p3.publish("cu/props", b"p", qos=1, properties=props)
+    fwd.subscribe("$share/cg/cu/#", 2)
+    rep = sc2.call("catchup", filters=[{"filter": "cu/#", "since": t0},
+                                       {"filter": "$share/cg/cu/#", "since": t0}], timeout=20)
+    assert rep["ok"] and rep["messages"] and rep["complete"] is False
+    assert sc2.call("catchup", filters=[{"filter": "a/#/b", "since": 0}],
+                    timeout=20)["error"] == "bad_request"
+    fwd._send(0xA2, (998).to_bytes(2, "big") + b"\x00" + b"\x00\x0e$share/cg/cu/#")
+    fwd.wait_ack(11, 998, timeout=20)
+    assert sc2.call("stats", timeout=20)["catchup_pending"] == 1
+
     for c in [on, p2, p3, sc2, member, both]:
         c.close()
     rc = b.stop(timeout=60)
