@@ -15,10 +15,13 @@ from tests.system.wills.conftest import GRACE, LEASE_TTL
 
 
 def _kill(cluster, node: str) -> float:
-    """SIGKILL `node`'s sidecar and Mosquitto; returns when (monotonic)."""
+    """SIGKILL `node`'s sidecar and Mosquitto; returns when (monotonic: just before the
+    command, which itself takes a while on a loaded machine; the survivors count their
+    grace from the moment the streams go down, inside it)."""
+    started = time.monotonic()
     result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), node, "--kill")
     assert result.returncode == 0, result.stderr
-    return time.monotonic()
+    return started
 
 
 def _published(cluster, nodes: list[str]) -> dict[str, int]:
