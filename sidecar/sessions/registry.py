@@ -47,7 +47,8 @@ TOMBSTONE_KEEP_MS = 3_600_000
 RETRY_MS = 1_000
 DOWN_GRACE_MS = 1_000
 REPLAY_MARGIN_MS = 1_000
-NEVER_UP = ""  # in `dead`: owners never seen up count as dead (since start + grace)
+NEVER_UP = ""  # in `dead` once start + grace has passed (owners never seen up count as dead
+# from then on): the change settles every record
 RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this far back
 DEATH_LOOKBACK_MS = 5_000  # a client online on a dead owner: its replica replays this far back
 SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
@@ -632,7 +633,7 @@ class SessionRegistry:
                 return self._store(replace(record, owner=live[0], online=False,
                                            since_ms=since,
                                            change_hlc=self.clock.now(now_ms).pack()))
-            if NEVER_UP not in self.dead:
+            if now_ms - self.started_ms < self.grace_ms:
                 return []  # settled again when a peer comes up or the grace ends
         self.busy[client] = "materialize"
         return [Materialize(record)]
