@@ -152,6 +152,7 @@ class BrokerConfig:
     sidecar_id: str = "mqfed-sidecar"
     fwd_backlog_max: int = 0
     message_size_limit: int = DEFAULT_MESSAGE_SIZE_LIMIT
+    journal_dir: Path | None = None  # the plugin's journal (sidecar.journal); None: none
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -178,6 +179,8 @@ def render(cfg: BrokerConfig) -> str:
                                                          else DEFAULT_MAX_QUEUED)
     if backlog_max > 0:
         out.append(f"plugin_opt_fwd_backlog_max {backlog_max}")
+    if cfg.journal_dir is not None:
+        out.append(f"plugin_opt_journal_dir {cfg.journal_dir}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from sidecar.broker.process import MosquittoProcess
     from sidecar.config import NodeConfig
+    from sidecar.journal.service import JournalService
     from sidecar.local.event_stream import EventStream
     from sidecar.local.events import ProtocolError
     from sidecar.local.link import LocalLink
@@ -43,6 +44,8 @@ class NodeView(Protocol):
     def sessions(self) -> SessionService | None: ...
     @property
     def wills(self) -> WillService | None: ...
+    @property
+    def journal(self) -> JournalService | None: ...
     @property
     def peer_tls(self) -> PeerTls | None: ...
     @property

@@ -138,4 +138,5 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         include_path=include, external_auth=mqtt["external_auth"],
         external_acl=mqtt["external_acl"], fwd_backlog_max=config["overload"]["backlog_max"],
         sidecar_id=sidecar_client_id(secret), message_size_limit=mqtt["message_size_limit"],
+        journal_dir=layout.socket_dir if mqtt["journal"] else None,
     ))

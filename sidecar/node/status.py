@@ -37,6 +37,7 @@ def node_status(node: NodeView, socket_path: Path, limit: int = DETAIL_LIMIT) ->
         "routing": node.routing.status() if node.routing else None,
         "cluster_sessions": node.sessions.status() if node.sessions else None,
         "wills": node.wills.status() if node.wills else None,
+        "journal": node.journal.status() if node.journal else None,
         **_detail(node, limit),
     }
 

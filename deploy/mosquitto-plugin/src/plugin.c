@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "events.h"
 #include "hold.h"
+#include "journal.h"
 #include "model.h"
 #include "origin.h"
 #include "shed.h"
@@ -40,6 +41,8 @@ struct module_opts {
 	uint64_t fwd_q2_max;
 	uint64_t fwd_backlog_max;
 	bool sessions_gate;
+	const char *journal_dir;  /* journal.c; NULL: no journal */
+	uint64_t journal_max_age; /* seconds */
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -138,6 +141,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->fwd_q2_max = 65535;
 	mo->fwd_backlog_max = 0;
 	mo->sessions_gate = false;
+	mo->journal_dir = NULL;
+	mo->journal_max_age = 3600;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -186,6 +191,15 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			mo->sessions_gate = streq(val, "true");
 		}else if(streq(k, "fwd_backlog_max")){
 			if(parse_u64(k, val, 0, UINT32_MAX, &mo->fwd_backlog_max)) return -1;
+		}else if(streq(k, "journal_dir")){
+			if(val[0] != '\0' && val[0] != '/'){
+				mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_journal_dir must be an "
+						"absolute path (or empty: no journal), not '%s'", val);
+				return -1;
+			}
+			mo->journal_dir = val;
+		}else if(streq(k, "journal_max_age")){
+			if(parse_u64(k, val, 0, 31536000, &mo->journal_max_age)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -339,6 +353,7 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 				break;
 			}
 			shed_fwd_routed(ed->qos);
+			journal_fwd_read(ed->topic, ed->payload, ed->payloadlen);
 			break;
 		default:
 			break;
@@ -620,6 +635,7 @@ static int on_message(int event, void *event_data, void *userdata)
 		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
 		return MOSQ_ERR_ADMINISTRATIVE_ACTION;
 	}
+	if(ed->client != fwd) journal_on_message(ed); /* before Mosquitto acks it (journal.c) */
 	if(!ed->retain || ed->client == sidecar || ed->client == fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -697,6 +713,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	}
 	hold_tick();
 	subopts_tick();
+	journal_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -740,6 +757,7 @@ static void free_all(void)
 	model_cleanup();
 	origin_cleanup();
 	shed_cleanup();
+	journal_cleanup();
 	commands_cleanup();
 	hold_clear();
 	subopts_cleanup();
@@ -788,6 +806,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	}
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
 	shed_init(mo.fwd_backlog_max);
+	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
