@@ -56,6 +56,7 @@ class LoadOptions:
     traces: Path | None = None
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     pause: Pause | None = None
+    session_expiry: int = 0  # the subscribers' sessions (0: none, unless `pause`)
 
 
 def topic_of(run: str, node: str, index: int) -> str:
@@ -132,7 +133,8 @@ def run_load(opts: LoadOptions, say: Callable[[str], None]) -> dict[str, Any]:
             host, port = opts.nodes[node]
             sub = Subscriber(port, f"load/{opts.run}/#", opts.qos, f"load-{opts.run}-sub-{node}",
                              host=host, trace=trace is not None,
-                             session_expiry=SESSION_EXPIRY if opts.pause else 0)
+                             session_expiry=opts.session_expiry
+                             or (SESSION_EXPIRY if opts.pause else 0))
             subs[node] = sub
             sub.start()
             if trace is not None:

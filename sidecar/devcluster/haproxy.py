@@ -30,11 +30,11 @@ def log_path(layout: Layout) -> Path:
     return layout.haproxy_dir / "haproxy.log"
 
 
-def server_line(name: str, port: int) -> str:
-    return f"    server {name} {HOST}:{port} {CHECK}"
+def server_line(name: str, port: int, host: str = HOST) -> str:
+    return f"    server {name} {host}:{port} {CHECK}"
 
 
-def render(front_port: int, admin_socket: Path, servers: Sequence[tuple[str, int]]) -> str:
+def render(front_port: int, admin_socket: Path, servers: Sequence[tuple]) -> str:
     """haproxy.cfg text (pure). Long client/server timeouts: MQTT connections live long."""
     lines = [
         "# written by mqfed up; servers added later come through the admin socket",
@@ -53,11 +53,11 @@ def render(front_port: int, admin_socket: Path, servers: Sequence[tuple[str, int
         f"backend {BACKEND}",
         "    balance roundrobin",
     ]
-    lines += [server_line(name, port) for name, port in servers]
+    lines += [server_line(*server) for server in servers]  # (name, port[, host])
     return "\n".join(lines) + "\n"
 
 
-def write_config(layout: Layout, servers: Sequence[tuple[str, int]]) -> Path:
+def write_config(layout: Layout, servers: Sequence[tuple]) -> Path:
     layout.haproxy_dir.mkdir(parents=True, exist_ok=True)
     path = config_path(layout)
     tmp = path.with_name(path.name + ".tmp")
@@ -66,7 +66,7 @@ def write_config(layout: Layout, servers: Sequence[tuple[str, int]]) -> Path:
     return path
 
 
-def start(binary: str, layout: Layout, servers: Sequence[tuple[str, int]]) -> ProcRef:
+def start(binary: str, layout: Layout, servers: Sequence[tuple]) -> ProcRef:
     """Write the config and start HAProxy in the foreground (-db), logging to a file."""
     path = write_config(layout, servers)
     _, ref = spawn([binary, "-db", "-f", str(path)], log_path(layout),
@@ -86,9 +86,9 @@ def command(layout: Layout, line: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode(errors="replace").strip()
 
 
-def add_server(layout: Layout, name: str, port: int) -> None:
+def add_server(layout: Layout, name: str, port: int, host: str = HOST) -> None:
     """Add a node to the running HAProxy (dynamic server, health check on) and to its config."""
-    answer = command(layout, f"add server {BACKEND}/{name} {HOST}:{port} {CHECK}")
+    answer = command(layout, f"add server {BACKEND}/{name} {host}:{port} {CHECK}")
     if "New server registered" not in answer and "Already exists" not in answer:
         raise RuntimeError(f"HAProxy refused server {name}: {answer}")
     for line in (f"enable health {BACKEND}/{name}", f"enable server {BACKEND}/{name}"):

@@ -308,7 +308,7 @@ void journal_init(const char *dir, const char *epoch, uint64_t max_age_s)
 		path = NULL;
 		return;
 	}
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
 	if(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && write(fd, MAGIC, MAGIC_LEN) == MAGIC_LEN){
 		file_bytes = MAGIC_LEN;
 		st.on = true;
@@ -516,7 +516,7 @@ static void compact(void)
 	int nfd;
 
 	if(buf == NULL) return;
-	nfd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+	nfd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
 	if(nfd < 0 || flock(nfd, LOCK_EX | LOCK_NB) || !write_all(nfd, &iov, 1, 0)){
 		goto fail;
 	}

@@ -207,3 +207,20 @@ def test_without_the_option_nothing_is_written(make_broker, clients, journal_dir
 def test_a_relative_journal_dir_is_refused(make_broker):
     with pytest.raises((RuntimeError, TimeoutError)):
         make_broker(opts={"journal_dir": "relative/dir"})
+
+
+def test_a_long_journal_is_rewritten_with_its_live_entries(node):
+    """Past 4 MiB, and four times what is live, the file is rewritten (a .tmp renamed over
+    it): only the unconfirmed entry is left, and it is still whole."""
+    pub = node.client("pub")
+    pub.publish("t/keep", b"unconfirmed", qos=1)
+    big = b"x" * 100_000
+    for i in range(50):
+        pub.publish(f"t/big/{i}", big, qos=1)
+    node.confirm(*[(f"t/big/{i}", big) for i in range(50)])
+    wait_for(lambda: node.stats()["compactions"] >= 1, 10, "a compaction")
+    st = node.stats()
+    assert st["live"] == 1 and st["errors"] == 0
+    assert node.files()[0].stat().st_size < 1000
+    assert node.entries() == [("t/keep", b"unconfirmed")]
+    assert not list(node.journal.glob("*.tmp"))
