@@ -52,8 +52,9 @@ def _load_argv(cluster: ChaosCluster, scenario: str, opts: ChaosOptions, traces:
     for node in cluster.nodes:
         host, port = cluster.mqtt(node)
         argv += ["--node", f"{node}={host}:{port}"]
-    if sc.persistent:
-        argv += ["--session-expiry", str(SESSION_EXPIRY)]
+    if sc.persistent:  # drained clients come back through the front, to another node
+        argv += ["--session-expiry", str(SESSION_EXPIRY), "--subscribe-via",
+                 f"127.0.0.1:{cluster.state.layout.front_port}"]
     return argv
 
 

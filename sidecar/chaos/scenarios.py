@@ -21,7 +21,7 @@ class Scenario:
     fault: str  # what is done to the cluster
     promise: str  # what must hold
     spare_target_subscriber: bool = False  # the target's own subscriber is left out (it dies)
-    persistent: bool = False  # subscribers keep a session (they are kicked or their node goes)
+    persistent: bool = False  # subscribers keep a session and connect through the front
     needs_netns: bool = False  # real network rules: only on a cluster from `mqfed up --netns`
     fault_seconds: float | None = None  # how long the fault lasts (None: S / 3)
     min_nodes: int = 2
@@ -52,8 +52,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(both directions)", "0 lost at QoS >= 1 (TCP resends; latency grows)",
              needs_netns=True),
     Scenario("rolling-restart", "each node in turn stopped gracefully and started again "
-             "(`mqfed stop-node` / `start-node`)", "0 lost at QoS >= 1 for subscribers with "
-             "sessions", persistent=True),
+             "(`mqfed stop-node` / `start-node`); subscribers with sessions, through the "
+             "front", "0 lost at QoS >= 1 for subscribers with sessions (a drained client "
+             "resumes its session on another node)", persistent=True),
     Scenario("clock-skew", "the next node's sidecar clock 2.5 s ahead (half the HLC "
              "tolerance of 5 s)", "0 lost at QoS >= 1; routes and retained messages converge"),
 )}

@@ -2,10 +2,13 @@
 
 Each node (its sidecar and the Mosquitto it starts) runs in its own namespace
 `mqfed-<tag>-n<i>` with one interface, `eth0` at 10.213.<x>.<10+i>/24, the far end of a veth
-pair whose near end `mqv<tag><i>` is enslaved to the bridge `mqb<tag>` (10.213.<x>.1, in the
-launcher's namespace, where etcd and the HAProxy front run). The tag (4 hex digits) and <x>
-come from the run dir, so two clusters never share names; a subnet already in use moves on to
-the next <x>. Nothing else is touched: no default route, no NAT, no forwarding.
+pair whose near end `mqv<tag><i>` is enslaved to the bridge `mqb<tag>`. The bridge lives in a
+hub namespace `mqfed-<tag>-hub` (so bridged packets meet the hub's empty packet filter, not
+the host's: a host with Docker drops forwarded packets), joined to the launcher's namespace,
+where etcd and the HAProxy front run, by one more veth pair: `mqr<tag>` at 10.213.<x>.1 on
+the launcher's side. The tag (4 hex digits) and <x> come from the run dir, so two clusters
+never share names; a subnet already in use moves on to the next <x>. Nothing else is touched:
+no default route, no NAT, no rule in the host's packet filter.
 
 Faults are packet-filter rules in the node namespaces (`iptables`, the nft backend; `tc netem`
 is not in every kernel): a partition, one direction of one stream, random loss, etcd cut off.
@@ -45,6 +48,15 @@ class Topology:
     @property
     def bridge(self) -> str:
         return f"mqb{self.tag}"
+
+    @property
+    def hub(self) -> str:
+        return f"mqfed-{self.tag}-hub"
+
+    @property
+    def uplink(self) -> str:
+        """The launcher's end of the veth pair to the hub (it holds the gateway address)."""
+        return f"mqr{self.tag}"
 
     @property
     def gateway(self) -> str:
@@ -116,11 +128,19 @@ def choose(run_dir: Path) -> Topology:
 
 
 def create(topo: Topology) -> None:
-    """The bridge, up, with the gateway address."""
+    """The hub namespace with the bridge, joined to this namespace at the gateway address."""
     destroy_bridge(topo)
-    _ip("link", "add", topo.bridge, "type", "bridge")
-    _ip("addr", "add", f"{topo.gateway}/24", "dev", topo.bridge)
-    _ip("link", "set", topo.bridge, "up")
+    hub = topo.hub
+    _ip("netns", "add", hub)
+    _ip("-n", hub, "link", "set", "lo", "up")
+    _ip("-n", hub, "link", "add", topo.bridge, "type", "bridge")
+    _ip("-n", hub, "link", "set", topo.bridge, "up")
+    _ip("link", "add", topo.uplink, "type", "veth", "peer", "name", f"{topo.uplink}p")
+    _ip("link", "set", f"{topo.uplink}p", "netns", hub)
+    _ip("-n", hub, "link", "set", f"{topo.uplink}p", "master", topo.bridge)
+    _ip("-n", hub, "link", "set", f"{topo.uplink}p", "up")
+    _ip("addr", "add", f"{topo.gateway}/24", "dev", topo.uplink)
+    _ip("link", "set", topo.uplink, "up")
 
 
 def add_node(topo: Topology, index: int) -> None:
@@ -130,8 +150,9 @@ def add_node(topo: Topology, index: int) -> None:
     _ip("netns", "add", ns)
     _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
     _ip("link", "set", f"{veth}p", "netns", ns)
-    _ip("link", "set", veth, "master", topo.bridge)
-    _ip("link", "set", veth, "up")
+    _ip("link", "set", veth, "netns", topo.hub)
+    _ip("-n", topo.hub, "link", "set", veth, "master", topo.bridge)
+    _ip("-n", topo.hub, "link", "set", veth, "up")
     _ip("-n", ns, "link", "set", f"{veth}p", "name", "eth0")
     _ip("-n", ns, "addr", "add", f"{topo.ip(index)}/24", "dev", "eth0")
     _ip("-n", ns, "link", "set", "eth0", "up")
@@ -139,12 +160,15 @@ def add_node(topo: Topology, index: int) -> None:
 
 
 def remove_node(topo: Topology, index: int) -> None:
-    _ip("link", "del", topo.veth(index), check=False)  # its peer goes with it
+    _ip("-n", topo.hub, "link", "del", topo.veth(index), check=False)  # its peer goes too
+    _ip("link", "del", topo.veth(index), check=False)  # (if it never reached the hub)
     _ip("netns", "del", topo.namespace(index), check=False)
 
 
 def destroy_bridge(topo: Topology) -> None:
-    _ip("link", "del", topo.bridge, check=False)
+    """The uplink pair, the hub namespace and its bridge."""
+    _ip("link", "del", topo.uplink, check=False)  # its peer goes with it
+    _ip("netns", "del", topo.hub, check=False)
 
 
 def destroy(topo: Topology, indexes: Iterable[int]) -> None:
@@ -152,7 +176,8 @@ def destroy(topo: Topology, indexes: Iterable[int]) -> None:
     launcher: every namespace named after the tag)."""
     names = {topo.namespace(i) for i in indexes}
     listed = _ip("netns", "list", check=False).stdout.split()
-    names |= {n for n in listed if n.startswith(f"mqfed-{topo.tag}-n")}
+    names |= {n for n in listed if n.startswith(f"mqfed-{topo.tag}-n")
+              and n.rpartition("-n")[2].isdigit()}
     for name in names:
         index = name.rpartition("-n")[2]
         if index.isdigit():
@@ -165,7 +190,8 @@ def leftovers(topo: Topology) -> list[str]:
     out = [n for n in _ip("netns", "list", check=False).stdout.split()
            if n.startswith(f"mqfed-{topo.tag}-")]
     links = _ip("-o", "link", "show", check=False).stdout
-    out += [name for name in (topo.bridge, f"mqv{topo.tag}") if f" {name}" in links]
+    out += [name for name in (topo.uplink, f"mqv{topo.tag}", topo.bridge)
+            if f" {name}" in links]
     return out
 
 
