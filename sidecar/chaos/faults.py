@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 
 from sidecar.chaos.cluster import ChaosCluster
 from sidecar.chaos.proxy import DelayProxy
@@ -274,7 +273,3 @@ WHOLE_LOAD = {"clock-skew"}
 
 def make(scenario: Scenario, cluster: ChaosCluster, lay: Layout) -> Fault:
     return FAULTS[scenario.name](cluster, lay)
-
-
-def settle(seconds: float) -> None:
-    time.sleep(max(0.0, seconds))

@@ -133,7 +133,8 @@ def run(scenario: str, opts: ChaosOptions, say: Callable[[str], None]) -> dict[s
         fault.inject()
         if scenario not in faults.INSTANT | faults.WHOLE_LOAD:
             time.sleep(max(0.0, hold - (time.monotonic() - t0)))
-        row["fault_s"] = round(time.monotonic() - t0, 1)
+        row["fault_s"] = (opts.seconds if scenario in faults.WHOLE_LOAD
+                          else round(time.monotonic() - t0, 1))
         healed_at = time.monotonic()
         fault.heal()
         meshed = cluster.wait_meshed(120)

@@ -136,7 +136,6 @@ class ForwardClient:
         self.subscribe_refused = 0
         # copies settled, for the plugin's journal (sidecar.journal; None: no journal)
         self.confirmations: Confirmations | None = None
-        self.connections = 0  # connections whose `on_connected` has run
         self._client = sidecar_client(client_id, secret, manual_ack=True,
                                       client_class=LeanClient)
         # No cap in paho: with one, paho scans every message in flight on each PUBACK
@@ -170,11 +169,7 @@ class ForwardClient:
         self._ready.set()
         if self.confirmations is not None and not flags.session_present:
             self.confirmations.reset()
-        self._loop.call_soon(self._connected, bool(flags.session_present))
-
-    def _connected(self, session_present: bool) -> None:
-        self.on_connected(session_present)
-        self.connections += 1
+        self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self._ready.clear()
