@@ -219,8 +219,8 @@ class LossyLink(Fault):
 
 
 class RollingRestart(Fault):
-    """Each node in turn: a graceful stop, then a start (`mqfed rolling-restart` when this
-    mqfed has it; else the stop-node / start-node loop)."""
+    """Each node in turn: a graceful stop, then a start (the `mqfed stop-node` / `start-node`
+    loop; `mqfed rolling-restart`, issue 20, is not used yet)."""
 
     def inject(self) -> None:
         for node in self.cluster.nodes:
