@@ -77,6 +77,12 @@ def _summarize(data: source.Traces, counts: dict[str, int],
         "timeline": (metrics.timeline(data.pub, d, t0, width), ["bucket_s"]),
         "cross_node_bytes": (metrics.cross_node_bytes(d), ["origin", "dest"]),
     }
+    times = None
+    if counts.get("hop"):  # sidecar hop records: where losses happened, delay per hop
+        times = metrics.hop_times(data.hop).persist(StorageLevel.MEMORY_AND_DISK)
+        located = metrics.lost_at(lost_rows, times)
+        small["lost_at"] = (metrics.lost_by_hop(located), ["origin", "dest", "lost_at"])
+        small["hop_latency"] = (metrics.hop_latency(d, times), ["origin", "dest", "stage"])
     rows: dict[str, list[dict[str, Any]]] = {}
     cached = []
     try:
@@ -86,12 +92,14 @@ def _summarize(data: source.Traces, counts: dict[str, int],
             if out:
                 df.write.mode("overwrite").parquet(f"{out.rstrip('/')}/parquet/{name}")
             rows[name] = _rows(df, order, SAMPLE if name == "violations" else None)
-        if out:
+        if out and times is not None:
+            located.write.mode("overwrite").parquet(f"{out.rstrip('/')}/parquet/lost")
+        elif out:
             lost_rows.write.mode("overwrite").parquet(f"{out.rstrip('/')}/parquet/lost")
             ranges.write.mode("overwrite").parquet(f"{out.rstrip('/')}/parquet/lost_ranges")
         sample = _rows(ranges, ["run", "sub", "pub", "first_seq"], SAMPLE)
     finally:
-        for df in [*cached, ranges]:
+        for df in [*cached, ranges, *([times] if times is not None else [])]:
             df.unpersist()
     subscribers = rows["per_subscriber"]
     latency = [{k: v for k, v in r.items() if k != "cdf"} for r in rows["latency_pairs"]]
@@ -105,6 +113,8 @@ def _summarize(data: source.Traces, counts: dict[str, int],
         "latency": latency,
         "cross_node": rows["cross_node_bytes"],
         "bucket_s": width / 1e9,
+        "lost_at": rows.get("lost_at", []),
+        "hop_latency": rows.get("hop_latency", []),
         "failures": verdict.failures(subscribers),
         "warnings": verdict.warnings(subscribers, counts),
     }

@@ -201,3 +201,74 @@ def cross_node_bytes(d: DataFrame) -> DataFrame:
                .dropDuplicates(["run", "pub", "seq", "dest"]))
     return crossed.groupBy("origin", "dest").agg(F.count(F.lit(1)).alias("messages"),
                                                  F.sum("bytes").alias("bytes"))
+
+
+# ---- sidecar hop records -----------------------------------------------------------------
+
+HOP_EVENTS = ("forwarded", "received", "reinjected", "acked")
+LOST_AT = {
+    "same_node": "publisher and subscriber on one node: its broker",
+    "origin": "the origin: never forwarded to the subscriber's node",
+    "link": "between the nodes: forwarded, never received",
+    "dest_sidecar": "the subscriber's node's sidecar: received, never re-injected",
+    "dest_broker": "the subscriber's node's broker: re-injected, never acknowledged",
+    "delivery": "the subscriber's node's broker: acknowledged, never delivered",
+}
+"""Where a lost message was lost: after the last hop its records reached."""
+HOP_STAGES = ("origin", "link", "dest_sidecar", "dest_broker")
+"""Delay stages: pub→forwarded (origin), forwarded→received (link), received→re-injected
+(dest_sidecar), re-injected→the subscriber's first copy (dest_broker)."""
+
+
+def hop_times(hop: DataFrame) -> DataFrame:
+    """Per (topic, pub, seq, node the message went to): the first time of each hop event
+    (a column per event; null when no record says so). Records without (pub, seq) are not
+    the load generator's and are left out."""
+    dest = F.when(F.col("event") == "forwarded", F.col("peer")).otherwise(F.col("node"))
+    return (hop.where(F.col("pub").isNotNull() & F.col("event").isin(*HOP_EVENTS))
+            .groupBy("topic", "pub", "seq", dest.alias("node"))
+            .pivot("event", list(HOP_EVENTS)).agg(F.min("t")))
+
+
+def lost_at(lost_rows: DataFrame, times: DataFrame) -> DataFrame:
+    """Every lost (message, subscriber) with `lost_at` (a key of `LOST_AT`)."""
+    j = lost_rows.join(times, ["topic", "pub", "seq", "node"], "left")
+    stage = (F.when(F.col("origin") == F.col("node"), "same_node")
+             .when(F.col("acked").isNotNull(), "delivery")
+             .when(F.col("reinjected").isNotNull(), "dest_broker")
+             .when(F.col("received").isNotNull(), "dest_sidecar")
+             .when(F.col("forwarded").isNotNull(), "link")
+             .otherwise("origin"))
+    return j.select(*lost_rows.columns, stage.alias("lost_at"))
+
+
+def lost_by_hop(located: DataFrame) -> DataFrame:
+    """Per (origin, subscriber's node, lost_at): how many deliveries were lost there."""
+    return (located.groupBy("origin", F.col("node").alias("dest"), "lost_at")
+            .agg(F.count(F.lit(1)).alias("lost")))
+
+
+def hop_latency(d: DataFrame, times: DataFrame) -> DataFrame:
+    """Per (origin, destination, stage of `HOP_STAGES`): count, p50/p99/max ms, over the
+    cross-node deliveries whose hop records are all there (each node's wall clock: skew
+    between machines shows here)."""
+    got = (d.where(F.col("received") & F.col("t_pub").isNotNull()
+                   & (F.col("origin") != F.col("dest")))
+           .select("topic", "pub", "seq", F.col("dest").alias("node"), "origin", "t_pub",
+                   "t_recv")
+           .join(times, ["topic", "pub", "seq", "node"]))
+    spans = {"origin": (F.col("forwarded") - F.col("t_pub")),
+             "link": (F.col("received") - F.col("forwarded")),
+             "dest_sidecar": (F.col("reinjected") - F.col("received")),
+             "dest_broker": (F.col("t_recv") - F.col("reinjected"))}
+    parts = [got.select("origin", F.col("node").alias("dest"), F.lit(name).alias("stage"),
+                        (span / MS).alias("ms")).where(F.col("ms").isNotNull())
+             for name, span in spans.items()]
+    stacked = parts[0]
+    for part in parts[1:]:
+        stacked = stacked.unionByName(part)
+    q = F.percentile_approx("ms", [0.5, 0.99], ACCURACY)
+    return (stacked.groupBy("origin", "dest", "stage")
+            .agg(F.count(F.lit(1)).alias("count"), q.alias("q"), F.max("ms").alias("max_ms"))
+            .select("origin", "dest", "stage", "count", F.col("q")[0].alias("p50_ms"),
+                    F.col("q")[1].alias("p99_ms"), "max_ms"))

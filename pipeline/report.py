@@ -32,6 +32,15 @@ def markdown(summary: Mapping[str, Any], timeline: Sequence[Mapping[str, Any]],
     lines += ["", "## Lost messages (ranges of consecutive seqs)", ""]
     lines += _table(summary["lost_ranges"], ["run", "sub", "node", "origin", "pub", "topic",
                                              "qos", "first_seq", "last_seq", "count"])
+    if summary.get("records", {}).get("hop"):
+        lines += ["", "## Where deliveries were lost (sidecar hop records)", ""]
+        lines += _table(summary.get("lost_at", []), ["origin", "dest", "lost_at", "lost"])
+        lines += ["", "## Delay per hop (ms; each node's wall clock)", "",
+                  "origin: publish to forwarded; link: forwarded to received; dest_sidecar: "
+                  "received to re-injected; dest_broker: re-injected to the subscriber's copy.",
+                  ""]
+        lines += _table(summary.get("hop_latency", []), ["origin", "dest", "stage", "count",
+                                                         "p50_ms", "p99_ms", "max_ms"])
     lines += ["", "## Ordering violations per (publisher, topic)", ""]
     lines += _table(summary["violations"], ["run", "sub", "node", "origin", "pub", "topic",
                                             "qos", "out_of_order"])

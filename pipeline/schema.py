@@ -12,12 +12,12 @@ from pyspark.sql.types import (
 )
 
 SCHEMA_VERSION = 1
-KINDS = ("pub", "recv", "sub", "unsub")
+KINDS = ("pub", "recv", "sub", "unsub", "hop")
 CORRUPT = "_corrupt"  # the raw line of a record that could not be parsed
 
 RECORD = StructType([
     StructField("v", IntegerType()),  # schema version
-    StructField("kind", StringType()),  # pub | recv | sub | unsub
+    StructField("kind", StringType()),  # pub | recv | sub | unsub | hop
     StructField("run", StringType()),  # load run id
     StructField("pub", IntegerType()),  # publisher index within the run
     StructField("seq", LongType()),  # message number of that publisher
@@ -30,9 +30,14 @@ RECORD = StructType([
     StructField("size", IntegerType()),  # pub: payload bytes
     StructField("dup", BooleanType()),  # recv: the DUP flag
     StructField("i", LongType()),  # recv: arrival number at this subscriber
+    StructField("event", StringType()),  # hop: forwarded | received | reinjected | acked
+    StructField("peer", StringType()),  # hop: forwarded: the target; else: the sender
+    StructField("id", StringType()),  # hop: the origin's message id (node/incarnation/seq)
+    StructField("hlc", LongType()),  # hop: the node's hybrid logical clock (packed)
     StructField(CORRUPT, StringType()),
 ])
 
 PUB_COLUMNS = ("run", "pub", "seq", "topic", "qos", "node", "t", "size")
 RECV_COLUMNS = ("run", "sub", "node", "pub", "seq", "topic", "qos", "dup", "t", "i")
 SUB_COLUMNS = ("run", "sub", "node", "filter", "qos", "t")
+HOP_COLUMNS = ("event", "node", "peer", "topic", "pub", "seq", "qos", "id", "hlc", "t")

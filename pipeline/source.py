@@ -10,6 +10,8 @@ from pyspark.sql import functions as F
 
 from pipeline.schema import (
     CORRUPT,
+    HOP_COLUMNS,
+    KINDS,
     PUB_COLUMNS,
     RECORD,
     RECV_COLUMNS,
@@ -26,6 +28,7 @@ class Traces:
     recv: DataFrame
     sub: DataFrame
     unsub: DataFrame
+    hop: DataFrame  # sidecar hop records (none unless the cluster wrote them)
     raw: DataFrame  # every line, parsed (may be cached: see `load`)
 
 
@@ -45,17 +48,17 @@ def split(raw: DataFrame) -> Traces:
         return ok.where(F.col("kind") == name).select(*cols)
 
     return Traces(kind("pub", PUB_COLUMNS), kind("recv", RECV_COLUMNS),
-                  kind("sub", SUB_COLUMNS), kind("unsub", SUB_COLUMNS), raw)
+                  kind("sub", SUB_COLUMNS), kind("unsub", SUB_COLUMNS),
+                  kind("hop", HOP_COLUMNS), raw)
 
 
 def check(raw: DataFrame) -> dict[str, int]:
     """Counts of records per kind and of the ones skipped: unparsable lines, other schema
     versions, unknown kinds (one aggregation; nothing record-level leaves the executors)."""
     valid = F.col(CORRUPT).isNull() & (F.col("v") == SCHEMA_VERSION)
-    known = F.col("kind").isin("pub", "recv", "sub", "unsub")
+    known = F.col("kind").isin(*KINDS)
     row = raw.agg(
-        *[F.sum((valid & (F.col("kind") == k)).cast("long")).alias(k)
-          for k in ("pub", "recv", "sub", "unsub")],
+        *[F.sum((valid & (F.col("kind") == k)).cast("long")).alias(k) for k in KINDS],
         F.sum(F.col(CORRUPT).isNotNull().cast("long")).alias("unparsable"),
         F.sum((F.col(CORRUPT).isNull() & (F.col("v") != SCHEMA_VERSION)).cast("long"))
         .alias("other_version"),

@@ -142,6 +142,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "message_size_limit": Key(int, DEFAULT_MESSAGE_SIZE_LIMIT, _message_size_limit,
                                   "largest payload a client may publish, in bytes (the same"
                                   " on every node); larger ones are refused at the edge"),
+        "journal": Key(bool, True, None, "journal QoS > 0 messages peers want until peers"
+                       " have them, so that a node killed before forwarding them replays them"
+                       " when it starts again (an append per message, no fsync)"),
     },
     "grpc": {
         "listen": Key(str, "127.0.0.1:7001", _address, "peer gRPC listener"),

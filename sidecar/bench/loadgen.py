@@ -56,6 +56,9 @@ class LoadOptions:
     traces: Path | None = None
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     pause: Pause | None = None
+    session_expiry: int = 0  # the subscribers' sessions (0: none, unless `pause`)
+    subscribe_via: tuple[str, int] | None = None  # subscribers connect here (a front), not
+    # to their node; their records name the node "front"
 
 
 def topic_of(run: str, node: str, index: int) -> str:
@@ -129,14 +132,16 @@ def run_load(opts: LoadOptions, say: Callable[[str], None]) -> dict[str, Any]:
     errors: list[str] = []
     try:
         for node in opts.subscribe_on:
-            host, port = opts.nodes[node]
+            host, port = opts.subscribe_via or opts.nodes[node]
             sub = Subscriber(port, f"load/{opts.run}/#", opts.qos, f"load-{opts.run}-sub-{node}",
                              host=host, trace=trace is not None,
-                             session_expiry=SESSION_EXPIRY if opts.pause else 0)
+                             session_expiry=opts.session_expiry
+                             or (SESSION_EXPIRY if opts.pause else 0))
             subs[node] = sub
             sub.start()
             if trace is not None:
-                tracers.append(ReceivedTracer(trace, opts.run, _sub_id(node), node, sub.records))
+                tracers.append(ReceivedTracer(trace, opts.run, _sub_id(node),
+                                              _where(node, opts), sub.records))
         pool.start()
         for node in opts.publish_on:
             host, port = opts.nodes[node]
@@ -185,6 +190,11 @@ def _sub_id(node: str) -> str:
     return f"sub-{node}"
 
 
+def _where(node: str, opts: LoadOptions) -> str:
+    """The node a subscriber's records name: its own, or "front" (`subscribe_via`)."""
+    return "front" if opts.subscribe_via else node
+
+
 def _trace_subscriptions(trace: TraceWriter | None, kind: str, opts: LoadOptions,
                          subs: dict[str, Subscriber]) -> None:
     if trace is None:
@@ -192,4 +202,5 @@ def _trace_subscriptions(trace: TraceWriter | None, kind: str, opts: LoadOptions
     now = time.time_ns()
     for node, sub in subs.items():
         qos = sub.granted_qos if sub.granted_qos is not None else opts.qos
-        trace.write(sub_line(kind, opts.run, _sub_id(node), node, sub.filter, qos, now))
+        trace.write(sub_line(kind, opts.run, _sub_id(node), _where(node, opts), sub.filter, qos,
+                             now))

@@ -39,6 +39,7 @@ class Subscriber:
                                   client_id=client_id, protocol=mqtt.MQTTv5)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
+        self.client.reconnect_delay_set(min_delay=0.1, max_delay=2)  # a restarted node: soon
         # chosen once: tracing costs nothing per message when it is off
         self.client.on_message = self._on_message_traced if trace else self._on_message
 

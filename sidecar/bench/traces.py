@@ -73,6 +73,12 @@ class TraceWriter:
             f.write(line)
             self._count += 1
 
+    def flush(self) -> None:
+        """Hand what is buffered to the OS (a killed process then loses none of it)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:

@@ -154,6 +154,7 @@ class BrokerConfig:
     message_size_limit: int = DEFAULT_MESSAGE_SIZE_LIMIT
     catchup_ms: int = 0
     catchup_bytes: int = 16 << 20
+    journal_dir: Path | None = None  # the plugin's journal (sidecar.journal); None: none
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -183,6 +184,8 @@ def render(cfg: BrokerConfig) -> str:
     if cfg.catchup_ms > 0:
         out.append(f"plugin_opt_catchup_ms {cfg.catchup_ms}")
         out.append(f"plugin_opt_catchup_bytes {cfg.catchup_bytes}")
+    if cfg.journal_dir is not None:
+        out.append(f"plugin_opt_journal_dir {cfg.journal_dir}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

@@ -35,6 +35,8 @@ def render(summary: dict[str, Any]) -> str:
              f"{summary['records']['pub']} published, {summary['records']['recv']} received, "
              f"{summary['lost']} lost"]
     lines += [f"  FAIL {f}" for f in summary["failures"]]
+    lines += [f"  lost at {r['lost_at']} ({r['origin']} -> {r['dest']}): {r['lost']}"
+              for r in summary.get("lost_at", [])]
     lines += [f"  note {w}" for w in summary["warnings"]]
     for r in summary["latency"]:
         lines.append(f"  latency {r['origin']} -> {r['dest']}: p50 {r['p50_ms']} ms, "

@@ -61,6 +61,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detach", action="store_true",
                    help="return once the cluster is ready; stop it with `mqfed down`")
     p.add_argument("--json", action="store_true", help="print the cluster's addresses as JSON")
+    p.add_argument("--netns", action="store_true",
+                   help="root only: each node (sidecar and Mosquitto) in its own network "
+                   "namespace on a bridge (10.213.x.0/24), so that `mqfed chaos` can cut, "
+                   "slow and lose real packets between nodes; etcd and the front stay on "
+                   "loopback and the bridge; `mqfed down` removes every namespace, veth pair "
+                   "and the bridge")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop the local cluster of a run dir",
@@ -128,6 +134,11 @@ def _fail(command: str, exc: Exception) -> int:
     return 1
 
 
+def _first_host(state: ClusterState) -> str:
+    first = min(state.nodes.values(), key=lambda n: n.index, default=None)
+    return first.host if first is not None else "127.0.0.1"
+
+
 def _describe(state: ClusterState) -> str:
     lay = state.layout
     front, run_dir = lay.front_port, lay.run_dir
@@ -135,9 +146,11 @@ def _describe(state: ClusterState) -> str:
              f"  front (HAProxy, round robin)  {addr(front)}",
              f"  etcd                          {addr(lay.etcd_client_port)}"]
     for node in sorted(state.nodes.values(), key=lambda n: n.index):
-        p = node.ports
-        where = (f"MQTT {addr(p.mqtt)}  gRPC {addr(p.grpc)}  admin {addr(p.admin)}  "
-                 f"metrics {addr(p.metrics)}")
+        p, h = node.ports, node.host
+        where = (f"MQTT {h}:{p.mqtt}  gRPC {h}:{p.grpc}  admin {h}:{p.admin}  "
+                 f"metrics {h}:{p.metrics}")
+        if state.netns is not None:
+            where += f"  (namespace {state.netns.namespace(node.index)})"
         if not node.sidecar:
             where += "  (stopped)" if not node.mosquitto else "  (sidecar stopped)"
         lines.append(f"  {node.id:<4}{where}")
@@ -145,9 +158,10 @@ def _describe(state: ClusterState) -> str:
               f"  mosquitto_sub -h 127.0.0.1 -p {front} -t '#' -v",
               f"  mosquitto_pub -h 127.0.0.1 -p {front} -t hello -m world",
               "Inspect it from any node (admin API, token in the run dir):",
-              *(f"  mqfed ctl --node {addr(n.ports.admin)} --token-file {lay.admin_token_path} "
+              *(f"  mqfed ctl --node {n.host}:{n.ports.admin} --token-file {lay.admin_token_path} "
                 "status" for n in sorted(state.nodes.values(), key=lambda n: n.index)[:1]),
-              f"  metrics and probes: http://{addr(lay.node_ports(1).metrics)}/metrics, "
+              f"  metrics and probes: http://{_first_host(state)}:"
+              f"{lay.node_ports(1).metrics}/metrics, "
               "/healthz, /readyz",
               f"Logs: {run_dir}/nodes/<id>/node.log, {run_dir}/etcd/etcd.log, "
               f"{run_dir}/haproxy/haproxy.log"]
@@ -167,7 +181,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_dir = args.run_dir.resolve()
     opts = launcher.UpOptions(nodes=args.nodes, base_port=args.base_port, run_dir=run_dir,
                               cluster=args.cluster, log_level=args.log_level,
-                              timeout=args.timeout, foreground=not args.detach)
+                              timeout=args.timeout, foreground=not args.detach,
+                              netns=args.netns)
     try:
         launcher.check(opts)
     except ClusterError as exc:

@@ -23,6 +23,13 @@ def _node(text: str) -> tuple[str, str, int]:
     return m.group(1), m.group(2), int(m.group(3))
 
 
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
 def _pause(text: str) -> Pause:
     parts = text.split(":")
     try:
@@ -41,7 +48,8 @@ def _ids(text: str) -> tuple[str, ...]:
 def cluster_nodes(run_dir: Path) -> dict[str, tuple[str, int]]:
     """The nodes of a cluster started by `mqfed up --run-dir RUN_DIR` (its cluster.json)."""
     data = json.loads((run_dir / "cluster.json").read_text())
-    return {n["id"]: ("127.0.0.1", int(n["ports"]["mqtt"])) for n in data["nodes"]}
+    return {n["id"]: (n.get("host", "127.0.0.1"), int(n["ports"]["mqtt"]))
+            for n in data["nodes"]}
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -76,6 +84,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pause", type=_pause, metavar="NODE:AT:SECONDS",
                    help="fault injection: the subscriber on NODE disconnects AT s after the "
                    "start for SECONDS (session kept: at QoS 0 what it misses is lost)")
+    p.add_argument("--session-expiry", type=int, default=0, metavar="SECONDS",
+                   help="the subscribers keep a session this long (they resume it when their "
+                   "node restarts or moves them; default: none)")
+    p.add_argument("--subscribe-via", type=_address, metavar="HOST:PORT",
+                   help="the subscribers connect here (e.g. the cluster's front) instead of "
+                   "to their node, and reconnect there (their records name the node 'front')")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_load)
 
@@ -101,7 +115,9 @@ def _options(args: argparse.Namespace) -> LoadOptions:
                        seconds=args.seconds, qos=args.qos, protocol=args.protocol,
                        size=args.size, window=args.window,
                        traces=args.traces.resolve() if args.traces else None,
-                       pause=args.pause, **extra)
+                       pause=args.pause, session_expiry=max(0, args.session_expiry),
+                       subscribe_via=args.subscribe_via,
+                       **extra)
 
 
 def _interrupt(signum: int, _frame) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sidecar.cli import audit, bench, cluster, ctl, load, node
+from sidecar.cli import audit, bench, chaos, cluster, ctl, load, node
 from sidecar.cli.options import share_group_options
 
 
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_command(sub)
     load.add_command(sub)
     audit.add_command(sub)
+    chaos.add_command(sub)
     ctl.add_command(sub)
     share_group_options(parser)
     return parser

@@ -22,14 +22,16 @@ def find_etcd() -> str | None:
     return None
 
 
-def argv(binary: str, layout: Layout, cluster: str) -> list[str]:
-    """etcd's command line: one member named after the cluster, loopback only."""
+def argv(binary: str, layout: Layout, cluster: str, also: str | None = None) -> list[str]:
+    """etcd's command line: one member named after the cluster, loopback only (and `also`:
+    the namespaces' bridge address of a `--netns` cluster)."""
     client = f"http://{HOST}:{layout.etcd_client_port}"
+    listen = client + (f",http://{also}:{layout.etcd_client_port}" if also else "")
     peer = f"http://{HOST}:{layout.etcd_peer_port}"
     name = f"{cluster}-etcd"
     return [
         binary, "--name", name, "--data-dir", str(layout.etcd_dir / "data"),
-        "--listen-client-urls", client, "--advertise-client-urls", client,
+        "--listen-client-urls", listen, "--advertise-client-urls", client,
         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
         "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
         "--initial-cluster-token", f"{cluster}-{layout.base_port}",
@@ -37,11 +39,11 @@ def argv(binary: str, layout: Layout, cluster: str) -> list[str]:
     ]
 
 
-def start(binary: str, layout: Layout, cluster: str) -> ProcRef:
+def start(binary: str, layout: Layout, cluster: str, also: str | None = None) -> ProcRef:
     """Start etcd (ETCD_* variables of the caller are not passed on)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
     layout.etcd_dir.mkdir(parents=True, exist_ok=True)
-    _, ref = spawn(argv(binary, layout, cluster), layout.etcd_dir / "etcd.log",
+    _, ref = spawn(argv(binary, layout, cluster, also), layout.etcd_dir / "etcd.log",
                    markers=("etcd", str(layout.etcd_dir / "data")), env=env)
     return ref
 

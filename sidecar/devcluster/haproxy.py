@@ -14,7 +14,8 @@ from sidecar.devcluster.procs import ProcRef, spawn
 
 BACKEND = "nodes"
 CHECK = "check inter 1s fall 2 rise 1"  # on each server: dynamic servers ignore default-server
-Server = tuple[str, int, int]  # name, MQTT port, metrics port (its /readyz)
+Server = tuple[str, int, int] | tuple[str, int, int, str]  # name, MQTT port, metrics port (its
+# /readyz)[, host (default loopback)]
 
 
 def find_haproxy() -> str | None:
@@ -33,8 +34,8 @@ def log_path(layout: Layout) -> Path:
     return layout.haproxy_dir / "haproxy.log"
 
 
-def server_line(name: str, port: int, check_port: int) -> str:
-    return f"    server {name} {HOST}:{port} {_check(check_port)}"
+def server_line(name: str, port: int, check_port: int, host: str = HOST) -> str:
+    return f"    server {name} {host}:{port} {_check(check_port)}"
 
 
 def _check(check_port: int) -> str:
@@ -61,7 +62,7 @@ def render(front_port: int, admin_socket: Path, servers: Sequence[Server]) -> st
         "    balance roundrobin",
         "    option httpchk GET /readyz  # on the node's metrics port: 503 unless it serves",
     ]
-    lines += [server_line(name, port, check) for name, port, check in servers]
+    lines += [server_line(*server) for server in servers]
     return "\n".join(lines) + "\n"
 
 
@@ -94,9 +95,9 @@ def command(layout: Layout, line: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode(errors="replace").strip()
 
 
-def add_server(layout: Layout, name: str, port: int, check_port: int) -> None:
+def add_server(layout: Layout, name: str, port: int, check_port: int, host: str = HOST) -> None:
     """Add a node to the running HAProxy (dynamic server, health check on) and to its config."""
-    answer = command(layout, f"add server {BACKEND}/{name} {HOST}:{port} {_check(check_port)}")
+    answer = command(layout, f"add server {BACKEND}/{name} {host}:{port} {_check(check_port)}")
     if "New server registered" not in answer and "Already exists" not in answer:
         raise RuntimeError(f"HAProxy refused server {name}: {answer}")
     for line in (f"enable health {BACKEND}/{name}", f"enable server {BACKEND}/{name}"):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.devcluster import etcd, haproxy, nodes
+from sidecar.devcluster import etcd, haproxy, netns, nodes
 from sidecar.devcluster.layout import MAX_NODES, PORT_SPAN, Layout, node_id, node_index
 from sidecar.devcluster.net import port_open, taken
 from sidecar.devcluster.procs import ProcRef, identify, reap, stop, tail, wait_gone
@@ -39,6 +39,7 @@ class UpOptions:
     log_level: str | None = None
     timeout: float = 30.0
     foreground: bool = False
+    netns: bool = False  # each node in its own network namespace (root)
 
 
 # ---- signals: act on them only where no started process can go unrecorded ----------------------
@@ -132,6 +133,8 @@ def _stop_all(state: ClusterState) -> None:
     if left:
         raise ClusterError("could not stop PIDs " + ", ".join(str(r.pid) for r in left)
                            + f" of {lay.run_dir}; check them with ps")
+    if state.netns is not None:  # after every process in them stopped
+        netns.destroy(state.netns, [n.index for n in state.nodes.values()])
 
 
 def _clean_previous(layout: Layout) -> None:
@@ -162,6 +165,15 @@ def _node(state: ClusterState, ident: str) -> NodeRecord:
     return node
 
 
+def _new_node(state: ClusterState, index: int) -> NodeRecord:
+    """Node number `index` (with --netns: in its new namespace)."""
+    node = NodeRecord(node_id(index), index, state.layout.node_ports(index))
+    if state.netns is not None:
+        netns.add_node(state.netns, index)
+        node.host = state.netns.ip(index)
+    return node
+
+
 # ---- commands --------------------------------------------------------------------------------
 def check(opts: UpOptions) -> tuple[str, str]:
     """Refuse bad options; return the etcd and haproxy binaries."""
@@ -176,6 +188,8 @@ def check(opts: UpOptions) -> tuple[str, str]:
         raise ClusterError("etcd not found: install it (Debian: apt-get install etcd-server)")
     if not haproxy_bin:
         raise ClusterError("haproxy not found: install it (Debian: apt-get install haproxy)")
+    if opts.netns:
+        netns.check_usable()
     return etcd_bin, haproxy_bin
 
 
@@ -192,8 +206,8 @@ def up(opts: UpOptions) -> ClusterState:
                                    + ", ".join(str(r.pid) for r in alive)
                                    + f"); stop it with `mqfed down --run-dir {opts.run_dir}`")
         ports = layout.shared_ports()
-        for i in range(1, opts.nodes + 1):
-            ports += layout.node_ports(i).named(node_id(i))
+        for i in range(1, opts.nodes + 1):  # (in their own namespaces with --netns)
+            ports += [] if opts.netns else layout.node_ports(i).named(node_id(i))
         _refuse_taken(ports, layout)
         _clean_previous(layout)
         state = ClusterState(opts.cluster, layout, opts.log_level)
@@ -212,12 +226,17 @@ def up(opts: UpOptions) -> ClusterState:
 
 def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions) -> None:
     lay = state.layout
+    if opts.netns:
+        state.netns = netns.choose(lay.run_dir)
+        save(state)  # recorded before it exists: a failure below removes it
+        netns.create(state.netns)
     save(state)
-    state.etcd = etcd.start(etcd_bin, lay, state.cluster)
+    state.etcd = etcd.start(etcd_bin, lay, state.cluster,
+                            state.netns.gateway if state.netns else None)
     save(state)
     _wait(lambda: etcd.healthy(lay), state.etcd, "etcd", etcd.log_path(lay), opts.timeout)
     for i in range(1, opts.nodes + 1):  # all known first: each node's peer list names them
-        node = NodeRecord(node_id(i), i, lay.node_ports(i))
+        node = _new_node(state, i)
         state.nodes[node.id] = node
     for node in list(state.nodes.values()):
         node.sidecar = nodes.start(state, node)
@@ -225,7 +244,7 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
         _checkpoint()
     _wait_nodes(lay, list(state.nodes.values()), opts.timeout)
     save(state)
-    servers = [(n.id, n.ports.mqtt, n.ports.metrics) for n in state.nodes.values()]
+    servers = [(n.id, n.ports.mqtt, n.ports.metrics, n.host) for n in state.nodes.values()]
     state.haproxy = haproxy.start(haproxy_bin, lay, servers)
     save(state)
     _checkpoint()
@@ -280,23 +299,26 @@ def add_node(run_dir: Path, timeout: float = 30.0) -> tuple[ClusterState, NodeRe
         index = max((n.index for n in state.nodes.values()), default=0) + 1
         if index > MAX_NODES:
             raise ClusterError(f"a local cluster has at most {MAX_NODES} nodes")
-        node = NodeRecord(node_id(index), index, lay.node_ports(index))
-        _refuse_taken(node.ports.named(node.id), lay)
+        node = _new_node(state, index)
+        if state.netns is None:
+            _refuse_taken(node.ports.named(node.id), lay)
         state.nodes[node.id] = node
         try:
             node.sidecar = nodes.start(state, node)
             save(state)
             _wait_nodes(lay, [node], timeout)
             try:
-                haproxy.add_server(lay, node.id, node.ports.mqtt, node.ports.metrics)
+                haproxy.add_server(lay, node.id, node.ports.mqtt, node.ports.metrics, node.host)
             except (OSError, RuntimeError) as exc:
                 raise ClusterError(f"adding {node.id} to HAProxy failed: {exc}; see "
                                    f"{haproxy.log_path(lay)}") from None
-            haproxy.write_config(lay, [(n.id, n.ports.mqtt, n.ports.metrics)
+            haproxy.write_config(lay, [(n.id, n.ports.mqtt, n.ports.metrics, n.host)
                                        for n in state.nodes.values()])
         except BaseException:
             nodes.stop_node(lay, node, "term")
             del state.nodes[node.id]
+            if state.netns is not None:
+                netns.remove_node(state.netns, node.index)
             save(state)
             raise
         save(state)
@@ -327,7 +349,7 @@ def start_node(run_dir: Path, ident: str, timeout: float = 30.0) -> tuple[Cluste
         node = _node(state, ident)
         if node.sidecar and node.sidecar.running():
             raise ClusterError(f"node {ident} is already running (sidecar PID {node.sidecar.pid})")
-        ports = node.ports.named(node.id)
+        ports = [] if state.netns is not None else node.ports.named(node.id)
         if nodes.mosquittos(lay, node):  # its own Mosquitto still holds the MQTT port
             ports = [p for p in ports if p[0] != node.ports.mqtt]
         _refuse_taken(ports, lay)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import render_toml
-from sidecar.devcluster.layout import HOST, Layout
+from sidecar.devcluster.layout import Layout
 from sidecar.devcluster.procs import ProcRef, find, identify, kill, spawn, stop
 from sidecar.devcluster.state import ClusterState, NodeRecord
 from sidecar.private_files import make_traversable
@@ -24,16 +24,16 @@ from sidecar.procinfo import cmdline
 
 def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
     """The node's config values (pure)."""
-    lay, ports = state.layout, node.ports
+    lay, ports, host = state.layout, node.ports, node.host
     out: dict[str, dict[str, Any]] = {
         "node": {"id": node.id, "cluster": state.cluster,
                  "run_dir": str(lay.node_dir(node.id))},
-        "mqtt": {"listen": f"{HOST}:{ports.mqtt}"},
-        "grpc": {"listen": f"{HOST}:{ports.grpc}", "token": "",
+        "mqtt": {"listen": f"{host}:{ports.mqtt}"},
+        "grpc": {"listen": f"{host}:{ports.grpc}", "token": "",
                  "token_file": str(lay.peer_token_path)},
-        "admin": {"listen": f"{HOST}:{ports.admin}", "metrics": f"{HOST}:{ports.metrics}",
+        "admin": {"listen": f"{host}:{ports.admin}", "metrics": f"{host}:{ports.metrics}",
                   "token": "", "token_file": str(lay.admin_token_path)},
-        "membership": {"mode": "etcd", "etcd": [f"{HOST}:{lay.etcd_client_port}"]},
+        "membership": {"mode": "etcd", "etcd": [f"{state.etcd_host}:{lay.etcd_client_port}"]},
     }
     if state.log_level:
         out["log"] = {"level": state.log_level}
@@ -85,6 +85,8 @@ def start(state: ClusterState, node: NodeRecord) -> ProcRef:
     path = config_path(state.layout, node.id)
     path.write_text(render_toml(settings))
     argv = [sys.executable, "-m", "sidecar.cli", "node", "--config", str(path)]
+    if state.netns is not None:  # in its namespace (its Mosquitto follows it there)
+        argv = [*state.netns.exec_prefix(node.index), *argv]
     _, ref = spawn(argv, log_path(state.layout, node.id), env=child_env(settings),
                    cwd=node_dir, markers=("sidecar.cli", "node", str(path)))
     return ref

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.devcluster.errors import ClusterError
-from sidecar.devcluster.layout import Layout, NodePorts, addr
+from sidecar.devcluster.layout import HOST, Layout, NodePorts, addr
+from sidecar.devcluster.netns import Topology
 from sidecar.devcluster.procs import ProcRef
 from sidecar.private_files import make_traversable
 
@@ -30,10 +31,11 @@ class NodeRecord:
     ports: NodePorts
     sidecar: ProcRef | None = None
     mosquitto: ProcRef | None = None
+    host: str = HOST  # its address: loopback, or its namespace's (`mqfed up --netns`)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "index": self.index, "ports": vars(self.ports),
+            "id": self.id, "index": self.index, "ports": vars(self.ports), "host": self.host,
             "sidecar": self.sidecar.to_json() if self.sidecar else None,
             "mosquitto": self.mosquitto.to_json() if self.mosquitto else None,
         }
@@ -41,13 +43,15 @@ class NodeRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeRecord:
         return cls(data["id"], int(data["index"]), NodePorts(**data["ports"]),
-                   ProcRef.from_json(data.get("sidecar")), ProcRef.from_json(data.get("mosquitto")))
+                   ProcRef.from_json(data.get("sidecar")), ProcRef.from_json(data.get("mosquitto")),
+                   data.get("host", HOST))
 
     def entry(self, node_dir: Path) -> dict[str, Any]:
         """The node as `mqfed up --json` shows it."""
         return {
-            "id": self.id, "mqtt": addr(self.ports.mqtt), "grpc": addr(self.ports.grpc),
-            "admin": addr(self.ports.admin), "metrics": addr(self.ports.metrics),
+            "id": self.id, "mqtt": f"{self.host}:{self.ports.mqtt}",
+            "grpc": f"{self.host}:{self.ports.grpc}", "admin": f"{self.host}:{self.ports.admin}",
+            "metrics": f"{self.host}:{self.ports.metrics}",
             "pid": self.sidecar.pid if self.sidecar else None,
             "mosquitto_pid": self.mosquitto.pid if self.mosquitto else None,
             "run_dir": str(node_dir), "log": str(node_dir / "node.log"),
@@ -65,6 +69,15 @@ class ClusterState:
     etcd: ProcRef | None = None
     haproxy: ProcRef | None = None
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    netns: Topology | None = None  # `mqfed up --netns`: each node in its own namespace
+
+    def node_host(self, ident: str) -> str:
+        return self.nodes[ident].host
+
+    @property
+    def etcd_host(self) -> str:
+        """Where the nodes reach etcd: loopback, or the namespaces' bridge."""
+        return self.netns.gateway if self.netns else HOST
 
     def refs(self) -> list[ProcRef]:
         """Every recorded process."""
@@ -93,6 +106,7 @@ class ClusterState:
             "run_dir": str(self.layout.run_dir), "log_level": self.log_level,
             "launcher": ref(self.launcher), "etcd": ref(self.etcd), "haproxy": ref(self.haproxy),
             "nodes": [n.to_json() for n in sorted(self.nodes.values(), key=lambda n: n.index)],
+            "netns": self.netns.to_json() if self.netns else None,
         }
 
     @classmethod
@@ -103,7 +117,7 @@ class ClusterState:
             log_level=data.get("log_level"), launcher=ProcRef.from_json(data.get("launcher")),
             etcd=ProcRef.from_json(data.get("etcd")),
             haproxy=ProcRef.from_json(data.get("haproxy")),
-            nodes={n.id: n for n in nodes},
+            nodes={n.id: n for n in nodes}, netns=Topology.from_json(data.get("netns")),
         )
 
 

@@ -33,6 +33,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from sidecar.journal.confirmations import Confirmations
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
@@ -134,6 +135,8 @@ class ForwardClient:
         self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
         self._subscribe_refusals: dict[str, int] = {}  # filter -> refusals in a row
         self.subscribe_refused = 0
+        # copies settled, for the plugin's journal (sidecar.journal; None: no journal)
+        self.confirmations: Confirmations | None = None
         self._client = sidecar_client(client_id, secret, manual_ack=True,
                                       client_class=LeanClient)
         # No cap in paho: with one, paho scans every message in flight on each PUBACK
@@ -165,10 +168,21 @@ class ForwardClient:
         self.tracker.on_connect(bool(flags.session_present))
         self._run(self.window.on_connack(getattr(properties, "ReceiveMaximum", None)))
         self._ready.set()
+        if self.confirmations is not None and not flags.session_present:
+            self.confirmations.reset()
         self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self._ready.clear()
+
+    @property
+    def connected(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def subscribing(self) -> int:
+        """SUBSCRIBE packets sent and not answered yet."""
+        return len(self._subscribing)
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         """A copy paho decoded (one the lean decoder left to paho)."""
@@ -190,6 +204,8 @@ class ForwardClient:
             recover = self.tracker.holding or self.tracker.lost > self._lost_logged
             if verdict is Verdict.TAKE:
                 self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
+                if msg.qos and self.confirmations is not None:
+                    self.confirmations.on_copy(msg.mid, msg.topic, msg.payload)
                 self._copies.append(LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos,
                                               msg.retain, msg.properties,
                                               msg.subscription_ids))
@@ -437,6 +453,8 @@ class ForwardClient:
         if qos > 0:
             self.tracker.on_ack(mid)
             self._client.ack(mid, qos)
+            if self.confirmations is not None:
+                self.confirmations.on_ack(mid)
 
     def publish(self, topic: str, payload: bytes, qos: int,
                 properties: MessageProperties, retain: bool = False) -> int:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from sidecar.broker.process import MosquittoProcess
     from sidecar.config import NodeConfig
     from sidecar.drain.service import DrainService
+    from sidecar.journal.service import JournalService
     from sidecar.local.event_stream import EventStream
     from sidecar.local.events import ProtocolError
     from sidecar.local.link import LocalLink
@@ -47,6 +48,8 @@ class NodeView(Protocol):
     @property
     def drainer(self) -> DrainService | None:
         """The node's drain (`mqfed ctl drain`); None while starting."""
+    @property
+    def journal(self) -> JournalService | None: ...
     @property
     def peer_tls(self) -> PeerTls | None: ...
     @property

@@ -140,4 +140,5 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         sidecar_id=sidecar_client_id(secret), message_size_limit=mqtt["message_size_limit"],
         catchup_ms=int(config["catchup"]["window"] * 1000),
         catchup_bytes=config["catchup"]["max_bytes"],
+        journal_dir=layout.socket_dir if mqtt["journal"] else None,
     ))

@@ -24,6 +24,7 @@ from sidecar.broker.process import MosquittoProcess
 from sidecar.config import NodeConfig, is_loopback, replica_count
 from sidecar.drain import drain
 from sidecar.drain.service import DrainService
+from sidecar.journal.service import JournalService
 from sidecar.local.event_stream import EventStream
 from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
 from sidecar.local.forward_client import ForwardClient
@@ -72,6 +73,7 @@ class Node:
         self._members: dict[str, int] = {}  # the last membership view, for the wills
         self.broker: MosquittoProcess | None = None
         self.routing: RoutingService | None = None
+        self.journal: JournalService | None = None  # the plugin's journal (mqtt.journal)
         self.peer_token = ""  # read at start (grpc.token / grpc.token_file)
         self.peer_tls: PeerTls | None = None  # read at start (grpc.tls_*)
         self.membership: EtcdMembership | None = None
@@ -159,6 +161,8 @@ class Node:
                 self._apply_peers(*self.routed.refresh(now))
             if self.routing is not None:
                 self.routing.on_tick(now)
+            if self.journal is not None:
+                self.journal.tick()
             if self.stream.in_sync and not self.ready:
                 self.ready = True
                 self._state_dirty = True
@@ -293,6 +297,8 @@ class Node:
         self.drainer = DrainService(self.config.node_id, link.request, self.table, routing,
                                     self.sessions)
         routing.drain = self.drainer
+        if self.config["mqtt"]["journal"]:  # before the forwarding client connects
+            self.journal = JournalService(self.layout.socket_dir, link, routing.forward_client)
         try:
             await self.routing.start(lambda: self.routed.routed)  # the view as it is then
         except PeerTransportError as exc:
@@ -406,6 +412,8 @@ class Node:
                 await self.sessions.stop()
             if self.wills is not None:
                 await self.wills.stop()
+            if self.journal is not None:
+                await self.journal.stop()
             if self.routing is not None:
                 await self.routing.stop()
             self.sync.close()

@@ -38,6 +38,7 @@ def node_status(node: NodeView, socket_path: Path, limit: int = DETAIL_LIMIT) ->
         "cluster_sessions": node.sessions.status() if node.sessions else None,
         "wills": node.wills.status() if node.wills else None,
         "drain": node.drainer.progress().as_dict() if node.drainer else None,
+        "journal": node.journal.status() if node.journal else None,
         **_detail(node, limit),
     }
 

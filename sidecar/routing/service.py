@@ -24,6 +24,7 @@ from sidecar.hlc import HybridClock, MessageId
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
+from sidecar.observability.hops import HopRecorder, hops_folder
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
 from sidecar.peering.handshake import (
@@ -167,6 +168,7 @@ class RoutingService(CatchUpWiring):
         self.peer_received: dict[str, int] = {}
         self.hop_latency = LatencyHistogram()  # origin HLC -> received here
         self.tracer = TraceRecorder(self.node_id)
+        self.hops: HopRecorder | None = None  # hop records (`trace-hops` in the run dir)
         self._restore()
         self.transport = PeerTransport(Handshake(hello), listen, self, token=peer_token,
                                        tls=peer_tls, check_address=check_peer_address,
@@ -217,6 +219,8 @@ class RoutingService(CatchUpWiring):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.retained.stop()
+        if self.hops is not None:
+            self.hops.close()
         await self.persister.flush()
         self.persister.close()
         self.forward_client.close()
@@ -232,6 +236,25 @@ class RoutingService(CatchUpWiring):
         while True:
             await asyncio.sleep(0.2)
             self._apply_blocked()
+            self._apply_hops()
+
+    def _apply_hops(self) -> None:
+        """`<run_dir>/trace-hops` names a folder: hop records go there (observability.hops)."""
+        folder = hops_folder(self.state_path.parent)
+        if self.hops is not None and self.hops.directory != folder:
+            self.hops.close()
+            self.hops = None
+        if folder is not None and self.hops is None:
+            self.hops = HopRecorder(self.node_id, self.incarnation, folder)
+            log.warning("hop records on (fault drill)", extra={"folder": str(folder)})
+        if self.hops is not None:
+            self.hops.flush()
+
+    def _hop(self, event: str, topic: str, data: bytes, qos: int, peer: str,
+             origin: tuple[str, int, int]) -> tuple:
+        assert self.hops is not None
+        return self.hops.record(event, topic, data, qos, peer, "/".join(map(str, origin)),
+                                self.clock.now(int(time.time() * 1000)).pack())
 
     def _apply_blocked(self) -> None:
         try:
@@ -461,6 +484,12 @@ class RoutingService(CatchUpWiring):
             actions = self.forwarder.on_copy(copy, wall_ms, down)
             if copy.properties.user:  # the only cost for untraced messages
                 self._trace_copy(copy.properties.user, actions)
+            if self.hops is not None:
+                for a in actions:
+                    if isinstance(a, (SendEnvelope, QueueEnvelope)):
+                        e = a.envelope
+                        self._hop("forwarded", e.topic, e.payload, e.qos, a.peer,
+                                  (e.origin_node, e.origin_incarnation, e.origin_seq))
             self._run_forward(actions)
         self._flush()  # now: this is already a batch, and a loop turn costs latency
 
@@ -677,6 +706,11 @@ class RoutingService(CatchUpWiring):
                 continue
             ticket = self.forward_client.publish(env.topic, env.payload, env.qos, env.properties)
             receiver.on_reinjecting(ticket, peer, env)
+            if self.hops is not None:
+                origin = (msg.origin_node, msg.origin_incarnation, msg.origin_seq)
+                self._hop("received", env.topic, env.payload, env.qos, peer, origin)
+                self.hops.expect_ack(ticket, self._hop("reinjected", env.topic, env.payload,
+                                                       env.qos, peer, origin))
             if trace is not None:
                 self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
                 if env.qos:
@@ -690,6 +724,8 @@ class RoutingService(CatchUpWiring):
         return trace
 
     def _on_published(self, tickets: list[int]) -> None:
+        if self.hops is not None:
+            self.hops.on_acked(tickets, self.clock.now(int(time.time() * 1000)).pack())
         if self.tracer.waiting:
             self.tracer.on_acked(tickets, time.time() * 1000)
         self._run_receive(self.receiver.on_confirmed(self.retained.on_published(tickets),

@@ -106,6 +106,7 @@ CORES = {
     "sidecar.sessions.record", "sidecar.sessions.registry", "sidecar.rendezvous",
     "sidecar.wills.record", "sidecar.wills.table", "sidecar.wills.liveness",
     "sidecar.drain.progress", "sidecar.peering.capabilities",
+    "sidecar.journal.record", "sidecar.journal.confirmations",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""
 VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol", "sidecar.membership.view"}

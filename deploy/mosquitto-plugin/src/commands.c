@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "events.h"
 #include "hold.h"
+#include "journal.h"
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
@@ -580,6 +581,42 @@ static void cmd_pressure(const struct request *rq, const cJSON *req)
 	reply_send(rq, o);
 }
 
+/* Fire and forget: copies the sidecar confirmed, as base64 of 8-byte fingerprints. */
+static void cmd_confirm(const cJSON *req)
+{
+	const char *fps = get_str(req, "fps");
+	unsigned char *raw = NULL;
+	size_t len = 0;
+
+	if(fps == NULL || b64_decode(fps, &raw, &len) || len % 8){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring a malformed confirm command");
+	}else{
+		journal_confirm(raw, len / 8);
+	}
+	free(raw);
+}
+
+static void add_journal_stats(cJSON *o)
+{
+	struct journal_stats js;
+	cJSON *j;
+
+	journal_stats(&js);
+	j = cJSON_AddObjectToObject(o, "journal");
+	if(j == NULL) return;
+	cJSON_AddBoolToObject(j, "on", js.on);
+	cJSON_AddNumberToObject(j, "live", (double)js.live);
+	cJSON_AddNumberToObject(j, "live_bytes", (double)js.live_bytes);
+	cJSON_AddNumberToObject(j, "file_bytes", (double)js.file_bytes);
+	cJSON_AddNumberToObject(j, "written", (double)js.written);
+	cJSON_AddNumberToObject(j, "trimmed", (double)js.trimmed);
+	cJSON_AddNumberToObject(j, "confirmations", (double)js.confirmations);
+	cJSON_AddNumberToObject(j, "unmatched", (double)js.unmatched);
+	cJSON_AddNumberToObject(j, "expired", (double)js.expired);
+	cJSON_AddNumberToObject(j, "errors", (double)js.errors);
+	cJSON_AddNumberToObject(j, "compactions", (double)js.compactions);
+}
+
 static void cmd_stats(const struct request *rq)
 {
 	cJSON *o = reply_new(rq, true);
@@ -626,6 +663,7 @@ static void cmd_stats(const struct request *rq)
 		add_recent_stats(o);
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
+		add_journal_stats(o);
 	}
 	reply_send(rq, o);
 }
@@ -664,6 +702,11 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: ignoring an ack without a valid seq");
 		}
+		cJSON_Delete(req);
+		return;
+	}
+	if(streq(rq.cmd, "confirm") && cJSON_IsNumber(v) && v->valuedouble == 1){
+		cmd_confirm(req);
 		cJSON_Delete(req);
 		return;
 	}

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "events.h"
 #include "hold.h"
+#include "journal.h"
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
@@ -43,6 +44,8 @@ struct module_opts {
 	bool sessions_gate;
 	uint64_t catchup_ms;
 	uint64_t catchup_bytes;
+	const char *journal_dir;  /* journal.c; NULL: no journal */
+	uint64_t journal_max_age; /* seconds */
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -143,6 +146,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->sessions_gate = false;
 	mo->catchup_ms = 0;
 	mo->catchup_bytes = 16u << 20;
+	mo->journal_dir = NULL;
+	mo->journal_max_age = 3600;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -195,6 +200,15 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			if(parse_u64(k, val, 0, 600000, &mo->catchup_ms)) return -1;
 		}else if(streq(k, "catchup_bytes")){
 			if(parse_u64(k, val, 1024, UINT32_MAX, &mo->catchup_bytes)) return -1;
+		}else if(streq(k, "journal_dir")){
+			if(val[0] != '\0' && val[0] != '/'){
+				mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_journal_dir must be an "
+						"absolute path (or empty: no journal), not '%s'", val);
+				return -1;
+			}
+			mo->journal_dir = val;
+		}else if(streq(k, "journal_max_age")){
+			if(parse_u64(k, val, 0, 31536000, &mo->journal_max_age)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -350,6 +364,7 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 				break;
 			}
 			shed_fwd_routed(ed->qos);
+			journal_fwd_read(ed->topic, ed->payload, ed->payloadlen);
 			break;
 		default:
 			break;
@@ -644,6 +659,7 @@ static int on_message(int event, void *event_data, void *userdata)
 		/* disconnected (shed.c): Mosquitto drops this publish without storing or acking it */
 		return MOSQ_ERR_ADMINISTRATIVE_ACTION;
 	}
+	if(ed->client != fwd) journal_on_message(ed); /* before Mosquitto acks it (journal.c) */
 	if(!ed->retain || ed->client == sidecar || ed->client == fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -722,6 +738,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	hold_tick();
 	subopts_tick();
 	recent_tick();
+	journal_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -766,6 +783,7 @@ static void free_all(void)
 	origin_cleanup();
 	recent_cleanup();
 	shed_cleanup();
+	journal_cleanup();
 	commands_cleanup();
 	hold_clear();
 	subopts_cleanup();
@@ -815,6 +833,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
 	shed_init(mo.fwd_backlog_max);
 	recent_init(mo.catchup_ms, mo.catchup_bytes);
+	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);

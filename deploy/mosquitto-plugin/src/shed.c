@@ -33,7 +33,7 @@ struct fwd_filter {
 };
 
 static struct fwd_filter *fwd_filters;
-static struct ftrie fwd_trie;     /* every fwd_filters' match, for wanted_by_fwd */
+static struct ftrie fwd_trie;     /* every fwd_filters' match, for shed_wanted */
 static uint64_t fwd_backlog_max;  /* option fwd_backlog_max: 0 = never shed on the estimate */
 static uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidecar's last report */
 static uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
@@ -115,7 +115,7 @@ bool shed_active(void)
 }
 
 /* Whether a forwarding filter matches: exact at any number of filters (a trie). */
-static bool wanted_by_fwd(const char *topic)
+bool shed_wanted(const char *topic)
 {
 	return ftrie_matches(&fwd_trie, topic);
 }
@@ -127,7 +127,7 @@ bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos)
 	char *id;
 	int64_t now;
 
-	if(qos == 0 || topic == NULL || !shed_active() || !wanted_by_fwd(topic)) return false;
+	if(qos == 0 || topic == NULL || !shed_active() || !shed_wanted(topic)) return false;
 	id = xstrdup(mosquitto_client_id(client));
 	if(id == NULL) return false;
 	pending_resolve_conn(client); /* it published: its connect was accepted */

@@ -18,6 +18,7 @@ void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms);
 void shed_fwd_connected(void);
 uint64_t shed_backlog(void);
 bool shed_active(void);
+bool shed_wanted(const char *topic);
 bool shed_publish(struct mosquitto *client, const char *topic, uint8_t qos);
 void shed_stats(struct shed_stats *s);
 void shed_cleanup(void);

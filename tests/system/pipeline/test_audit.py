@@ -54,13 +54,14 @@ def test_reader_counts_kinds_and_skips_bad_records(spark: SparkSession, tmp_path
     (tmp_path / "bad.jsonl").write_text(
         '{"v":1,"kind":"pub","run":"r","pub":0,"seq":\n'  # truncated line
         '{"v":2,"kind":"pub","run":"r","pub":0,"seq":99}\n'  # a newer schema
-        '{"v":1,"kind":"hop","run":"r"}\n')  # unknown kind
+        '{"v":1,"kind":"hop","event":"forwarded","node":"n1"}\n'  # a sidecar hop record
+        '{"v":1,"kind":"span","run":"r"}\n')  # unknown kind
     (tmp_path / "notes.txt").write_text("not a trace\n")  # not *.jsonl: ignored
     data, counts = source.load(spark, str(tmp_path))
-    assert {k: counts[k] for k in ("pub", "recv", "sub", "unsub", "unparsable",
+    assert {k: counts[k] for k in ("pub", "recv", "sub", "unsub", "hop", "unparsable",
                                    "other_version", "unknown_kind")} == {
-        "pub": 20, "recv": 39, "sub": 2, "unsub": 0, "unparsable": 1, "other_version": 1,
-        "unknown_kind": 1}
+        "pub": 20, "recv": 39, "sub": 2, "unsub": 0, "hop": 1, "unparsable": 1,
+        "other_version": 1, "unknown_kind": 1}
     got = {(r["pub"], r["seq"], r["t"]) for r in data.pub.collect()}
     data.raw.unpersist()
     assert got == {(r["pub"], r["seq"], r["t"]) for r in tr.rows if r["kind"] == "pub"}

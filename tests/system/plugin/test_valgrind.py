@@ -13,6 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from sidecar.journal.record import fingerprint, pack_fingerprints
 from tests.system.plugin.helpers import (
     SECRET,
     SIDECAR_ID,
@@ -21,6 +22,7 @@ from tests.system.plugin.helpers import (
     ConnectFailed,
     FakeSidecar,
     RawClient,
+    mosquitto_dir,
 )
 
 SUPP = Path(__file__).with_name("mosquitto.supp")
@@ -28,14 +30,16 @@ SUPP = Path(__file__).with_name("mosquitto.supp")
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
+def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     if shutil.which("valgrind") is None:
         pytest.fail("valgrind is not installed")
     vglog = tmp_path / "valgrind.log"
+    journal = mosquitto_dir()
+    request.addfinalizer(lambda: shutil.rmtree(journal, ignore_errors=True))
     b = make_broker(
         name="mosquitto-valgrind",
         opts={"heartbeat_ms": 200, "buffer_max_events": 150, "event_window": 50,
-              "catchup_ms": 60000, "catchup_bytes": 8192},
+              "catchup_ms": 60000, "catchup_bytes": 8192, "journal_dir": str(journal)},
         wrapper=["valgrind", "--error-exitcode=99", "--errors-for-leak-kinds=definite",
                  "--leak-check=full", "--trace-children=no", f"--suppressions={SUPP}",
                  f"--log-file={vglog}"])
@@ -171,6 +175,17 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path):
     assert not [m for m in member.messages if m.payload != b"ordinary"]
     assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
         b"", b"q0", b"q1", b"q2"]
+
+    # the journal: QoS 1 and 2 messages .fwd gets, one confirmed, a malformed confirmation,
+    # the rest left live at shutdown (journal.c)
+    fwd.subscribe("j/#", 2, no_local=True)
+    for i in range(3):
+        member.publish("j/1", str(i).encode(), qos=1 + i % 2)
+    fwd.wait_messages(lambda m: m.topic == "j/1", count=3, timeout=20)
+    fps = base64.b64encode(pack_fingerprints([fingerprint("j/1", b"0")])).decode()
+    sc.send({"v": 1, "cmd": "confirm", "fps": fps})
+    sc.send({"v": 1, "cmd": "confirm", "fps": "bad"})
+    assert sc.call("stats", timeout=20)["journal"]["live"] == 2
 
     # overload shedding: a persistent publisher (its subscriptions are re-checked at the kick)
     # and a plain QoS 2 one are disconnected from inside the MESSAGE callback
