@@ -212,13 +212,23 @@ def run_drain(opts: DrainOptions, say: Callable[[str], None]) -> dict[str, Any]:
         def first(pred: Callable[[Any], bool]) -> float:
             return round(next(t for t, p in seen[1:] if pred(p)) - start, 2)
 
-        reports = workers.ask("report", 30)
+        # drained = no client on n1; a kicked client may still be between its reconnects
+        # (paho backs off up to 1 s), so the count is taken once all are back or after 30 s
+        deadline = time.monotonic() + 30
+        while True:
+            reports = workers.ask("report", 30)
+            back = sum(r["reconnected"] for r in reports)
+            if back >= opts.clients or time.monotonic() > deadline:
+                break
+            time.sleep(POLL)
+        reconnected_after = round(time.monotonic() - start, 2)
         last = seen[-1][1]
         return {"kind": "drain", "clients": opts.clients, "persistent": opts.persistent,
                 "no_client_after_s": first(lambda p: p.clients == 0),
                 "no_session_after_s": first(lambda p: p.clients == 0
                                             and p.sessions_owned == 0),
                 "drained_after_s": first(lambda p: p.state == "drained"),
+                "all_reconnected_after_s": reconnected_after,
                 "kicks": last.kicks, "hand_offs": last.hand_offs,
                 "reconnected": sum(r["reconnected"] for r in reports),
                 "persistent_reconnected": sum(r["persistent_reconnected"] for r in reports),
@@ -239,7 +249,8 @@ def render_drain(r: dict[str, Any]) -> str:
         f"  no client left after {r['no_client_after_s']} s, no session owned after "
         f"{r['no_session_after_s']} s ({r['kicks']} kick rounds, {r['hand_offs']} hand-off "
         "rounds)",
-        f"  {r['reconnected']:,} clients reconnected elsewhere "
+        f"  {r['reconnected']:,} clients reconnected elsewhere (counted after "
+        f"{r['all_reconnected_after_s']} s) "
         f"({', '.join(f'{n}: {c}' for n, c in r['elsewhere'].items())} online); "
         f"{r['session_present']} of {r['persistent_reconnected']} persistent sessions resumed "
         "with session present"])
