@@ -57,9 +57,10 @@ def nodes_html(nodes: Sequence[dict[str, Any]]) -> str:
                  f'{_e(n["state"])}</td>')
         if "ready" in n:
             rates = "".join(
-                f'<td class="num" title="{_e(n[total])} in all">{rate(n[key])}</td>'
-                for key, total in (("rate_out", "forwarded"), ("rate_in", "received"),
-                                   ("rate_delivered", "delivered")))
+                f'<td class="num" data-rate="{key}" data-total="{_e(n[total])}" '
+                f'title="{_e(n[total])} in all">{rate(n["rate_" + key])}</td>'
+                for key, total in (("out", "forwarded"), ("in", "received"),
+                                   ("delivered", "delivered")))
             shed = (f'<td class="shed">SHEDDING ({_e(n["publishers_shed"])} shed)</td>'
                     if n["shedding"] else f'<td>no ({_e(n["publishers_shed"])} shed)</td>')
             rest = (_cells([n["version"], n["uptime"], n["etcd"],
@@ -101,7 +102,7 @@ def links_html(nodes: Sequence[dict[str, Any]], links: Sequence[dict[str, Any]])
                 err = f' title="{_e(x["last_error"])}"' if x["last_error"] else ""
                 cells.append(
                     f'<td class="link link-{_e(x["state"])}" data-from="{_e(src)}" '
-                    f'data-to="{_e(dst)}"{err}><b>{_e(x["state"])}</b> '
+                    f'data-to="{_e(dst)}" data-sent="{_e(x["sent"])}"{err}><b>{_e(x["state"])}</b> '
                     f'<span>out {_e(x["outbound"])} · in {_e(x["inbound"])}</span>'
                     f'<span>{rate(x["rate"])} msg/s · sent {_e(x["sent"])}</span>'
                     f'<span>queued {_e(x["queued"])} · reconnects {_e(x["reconnects"])}'

@@ -65,6 +65,7 @@ def test_node_table_html() -> None:
     rows = re.findall(r'<tr class="state-(\w+)" data-node="(\w+)">', html)
     assert rows == [("ready", "n1"), ("draining", "n2"), ("down", "n3"), ("down", "n4"),
                     ("left", "n5")]
+    assert 'data-rate="out" data-total="1000"' in html
     assert "SHEDDING (7 shed)" in html and "12.5" in html and "4 / 1" in html
     assert "no answer: unreachable (UNAVAILABLE)" in html
     assert "<script" not in html
@@ -73,7 +74,8 @@ def test_node_table_html() -> None:
 def test_matrix_summary_and_escaping() -> None:
     data = status_data(reply(), {})
     matrix = links_html(data["nodes"], data["links"])
-    assert 'class="link link-down" data-from="n1" data-to="n3" title="connection refused"' \
+    assert 'class="link link-down" data-from="n1" data-to="n3" data-sent="0" ' \
+        'title="connection refused"' \
         in matrix
     assert matrix.count("no answer") == 2  # the rows of n3 and n4
     assert "to n5" not in matrix and "<th>n5</th>" not in matrix  # it left
