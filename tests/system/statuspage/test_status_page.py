@@ -1,8 +1,8 @@
 """The status page in headless Chromium against one real 3-node cluster (etcd, Mosquitto with
-the plugin, sidecars) under traffic: the node table without JavaScript, the numbers moving, a
-topic search, a killed node turning red, and a node that asks for the admin token.
-Screenshots go to tests/artifacts/statuspage/ ($MQFED_TEST_ARTIFACTS). Tests run in file
-order on one cluster."""
+the plugin, sidecars) under traffic: the node table without JavaScript, the numbers moving on
+an open page, topic searches typed into it, a killed node turning red on it, and a node that
+asks for the admin token (its login form). Screenshots go to tests/artifacts/statuspage/
+($MQFED_TEST_ARTIFACTS). Tests run in file order on one cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.browser import CHROMIUM, artifacts_dir, dump_dom, screenshot, table_rows
+from tests.harness.browser import (
+    CHROMIUM,
+    Browser,
+    artifacts_dir,
+    dump_dom,
+    screenshot,
+    table_rows,
+)
 from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import (
     PLUGIN,
@@ -60,8 +67,10 @@ class Page:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
-    def shot(self, name: str, url: str, script: bool = True) -> Path:
-        path = screenshot(url, self.artifacts / name, script=script)
+    def shot(self, name: str, url: str | Browser, script: bool = True) -> Path:
+        """A screenshot of `url` (a fresh browser) or of an open page."""
+        path = (url.screenshot(self.artifacts / name) if isinstance(url, Browser)
+                else screenshot(url, self.artifacts / name, script=script))
         print(f"screenshot: {path}")
         return path
 
@@ -154,68 +163,86 @@ def links_of(dom: str) -> dict[tuple[str, str], tuple[str, int]]:
             for row in table_rows(dom, "links") for a, _ in row.cells if "data-from" in a}
 
 
-def test_node_table_without_javascript(page: Page) -> None:
-    dom = dump_dom(page.url("n1"), script=False)
+def polls(browser: Browser) -> int:
+    return int(browser.eval("Number(document.body.dataset.polls || 0)"))  # type: ignore[arg-type]
+
+
+def test_node_table_without_javascript(page: Page, traffic: Traffic) -> None:
+    dom = dump_dom(page.url("n1", "?topic=st/n3/temp"), script=False)
     assert "static page (JavaScript off)" in dom and "data-polls" not in dom
     nodes = nodes_of(dom)
     assert {n: v["state"] for n, v in nodes.items()} == {"n1": "ready", "n2": "ready",
                                                          "n3": "ready"}
     assert len(links_of(dom)) == 6
+    assert '<b id="delivered-by">n2, n3</b>' in dom  # the routes, rendered by the node
     page.shot("status-no-javascript.png", page.url("n1"), script=False)
 
 
-def test_numbers_move_under_traffic(page: Page, traffic: Traffic) -> None:
-    time.sleep(1.0)
-    first = dump_dom(page.url("n1"))
-    assert 'id="live" class="live">live<' in first, "the page's script did not poll"
-    time.sleep(2.5)
-    # rates come from the answering node's samples, from this page's polls 2.5 s ago
-    second = dump_dom(page.url("n1"))
-    page.shot("status-live.png", page.url("n1", "?topic=st/n3/temp"))
-    a, b = nodes_of(first), nodes_of(second)
+def test_numbers_move_on_an_open_page(page: Page, traffic: Traffic) -> None:
+    with Browser() as browser:
+        browser.open(page.url("n1"))
+        browser.wait("Number(document.body.dataset.polls) >= 2", what="two polls")
+        assert browser.eval("document.getElementById('live').textContent") == "live"
+        first, polled = nodes_of(browser.html()), polls(browser)
+        links_first = links_of(browser.html())
+        time.sleep(3)  # the page polls every 1.5 s
+        second, links_second = nodes_of(browser.html()), links_of(browser.html())
+        assert polls(browser) >= polled + 1
+        page.shot("status-live.png", browser)
     for node in ("n1", "n3"):  # the publishers' nodes forward to n2
-        assert b[node]["totals"]["out"] > a[node]["totals"]["out"] > 0, (a, b)
-        assert float(b[node]["rates"]["out"]) > 0, b[node]
-    assert b["n2"]["totals"]["delivered"] > a["n2"]["totals"]["delivered"]
-    assert float(b["n2"]["rates"]["in"]) > 0
-    la, lb = links_of(first), links_of(second)
-    assert all(state == "up" for state, _ in lb.values()), lb
-    assert lb[("n1", "n2")][1] > la[("n1", "n2")][1] > 0
+        assert second[node]["totals"]["out"] > first[node]["totals"]["out"] > 0, (first, second)
+        assert float(second[node]["rates"]["out"]) > 0, second[node]
+    assert second["n2"]["totals"]["delivered"] > first["n2"]["totals"]["delivered"]
+    assert float(second["n2"]["rates"]["in"]) > 0
+    assert all(state == "up" for state, _ in links_second.values()), links_second
+    assert links_second[("n1", "n2")][1] > links_first[("n1", "n2")][1] > 0
 
 
 def test_topic_search_shows_the_right_nodes(page: Page, traffic: Traffic) -> None:
-    for topic, nodes in (("st/n3/temp", "n2, n3"), ("st/k9/temp", "n2"),
-                         ("elsewhere", "no node")):
-        dom = dump_dom(page.url("n3", f"?topic={topic}"))
-        assert 'data-source="script"' in dom, "the search ran in the page's script"
-        assert f'<b id="delivered-by">{nodes}</b>' in dom, (topic, dom[-3000:])
+    with Browser() as browser:
+        browser.open(page.url("n3"))  # any node answers for the whole cluster
+        for topic, nodes in (("st/n3/temp", "n2, n3"), ("st/k9/temp", "n2"),
+                             ("elsewhere", "no node")):
+            browser.eval("document.getElementById('routes').removeAttribute('data-source'); "
+                         f"document.getElementById('topic').value = {json.dumps(topic)}; "
+                         "document.getElementById('routes-form').requestSubmit()")
+            browser.wait("document.getElementById('routes').dataset.source === 'script'",
+                         what=f"the routes of {topic}")
+            shown = browser.eval("document.getElementById('delivered-by').textContent")
+            assert shown == nodes, (topic, browser.html()[-3000:])
+            assert browser.eval("location.search") == f"?topic={topic.replace('/', '%2F')}"
+            if topic == "st/n3/temp":
+                page.shot("status-routes.png", browser)
     bad = page.get("n1", "/routes.json?topic=st/%23")
     assert bad[0] == 400 and "wildcard" in bad[1]["error"]
 
 
-def test_killed_node_turns_red(page: Page, traffic: Traffic) -> None:
-    traffic.stop("n3")
-    killed_at = time.monotonic()
-    result = mqfed("stop-node", "--run-dir", str(page.run_dir), "--kill", "n3")
-    assert result.returncode == 0, result.stderr
-    seen: dict = {}
+RED = "rgb(207, 34, 46)"  # --bad in page.html
 
-    def red() -> bool:
-        seen.update(nodes_of(dump_dom(page.url("n1"), budget_ms=1500)))
-        return seen.get("n3", {}).get("state") == "down"
-    wait_for(red, 15, "n3 shown down on n1's page", interval=0.2)
-    print(f"n3 shown down {time.monotonic() - killed_at:.1f} s after the kill")
-    assert seen["n1"]["state"] == seen["n2"]["state"] == "ready"
-    dom = dump_dom(page.url("n1"))
-    links = links_of(dom)
+
+def test_killed_node_turns_red(page: Page, traffic: Traffic) -> None:
+    row = "document.querySelector('#nodes tr[data-node=n3]')"
+    with Browser() as browser:
+        browser.open(page.url("n1"))
+        browser.wait(f"{row} && {row}.className === 'state-ready'", what="n3 ready")
+        traffic.stop("n3")
+        result = mqfed("stop-node", "--run-dir", str(page.run_dir), "--kill", "n3")
+        assert result.returncode == 0, result.stderr
+        took = browser.wait(f"{row}.className === 'state-down'", 15, "n3 shown down")
+        print(f"n3 shown down {took:.1f} s after the kill, on the open page")
+        color = browser.eval(f"getComputedStyle({row}.querySelector('.state')).color")
+        assert color == RED
+        dom = browser.html()
+        page.shot("status-node-down.png", browser)
+    nodes, links = nodes_of(dom), links_of(dom)
+    assert nodes["n1"]["state"] == nodes["n2"]["state"] == "ready"
     assert links[("n1", "n3")][0] != "up" and links[("n2", "n3")][0] != "up"
     assert "partial answer: no answer from" in dom or "crashed" in dom
-    page.shot("status-node-down.png", page.url("n1"))
 
 
 def test_node_asking_for_the_token(page: Page) -> None:
     """n3 restarted with admin.status_page_open_on_loopback = false: its page and JSON need
-    the admin token; n1's page shows it ready again."""
+    the admin token (the login form, Bearer, Basic); n1's page shows it ready again."""
     result = mqfed("start-node", "--run-dir", str(page.run_dir), "n3", timeout=90,
                    env={"MQFED_ADMIN_STATUS_PAGE_OPEN_ON_LOOPBACK": "false"})
     assert result.returncode == 0, result.stderr
@@ -226,10 +253,26 @@ def test_node_asking_for_the_token(page: Page) -> None:
     for auth in (f"Bearer {page.token}", basic):
         code, body = page.get("n3", "/status.json", auth)
         assert code == 200 and {n["id"] for n in body["nodes"]} == {"n1", "n2", "n3"}
-    dom = dump_dom(page.url("n3"))
-    assert '<div id="login">' in dom and "data-node=" not in dom
-    assert 'data-signed-in="0"' in dom
-    page.shot("status-login.png", page.url("n3"))
-    wait_for(lambda: nodes_of(dump_dom(page.url("n1"), budget_ms=1500))
-             .get("n3", {}).get("state") == "ready", 30, "n3 ready again on n1's page",
-             interval=0.5)
+    rows = "document.querySelectorAll('#nodes tr[data-node]').length"
+
+    def sign_in(browser: Browser, token: str) -> None:
+        browser.eval(f"document.getElementById('token').value = {json.dumps(token)}; "
+                     "document.getElementById('login-form').requestSubmit()")
+
+    with Browser() as browser:
+        browser.open(page.url("n3"))
+        browser.wait("!document.getElementById('login').hidden", what="the login form")
+        assert browser.eval(rows) == 0 and browser.eval("document.body.dataset.signedIn") == "0"
+        page.shot("status-login.png", browser)
+        sign_in(browser, "wrong")
+        browser.wait("document.getElementById('login-msg').textContent === "
+                     "'wrong admin token'", what="the wrong token refused")
+        sign_in(browser, page.token)
+        browser.wait(f"{rows} === 3 && document.getElementById('login').hidden",
+                     what="the node table after signing in")
+        assert browser.eval("sessionStorage.getItem('mqfed-admin-token')") == page.token
+        browser.open(page.url("n3"))  # the tab keeps the token
+        browser.wait(f"{rows} === 3", what="the node table after a reload")
+        browser.wait("document.querySelector('#nodes tr[data-node=n3]').className === "
+                     "'state-ready'", 30, "n3 ready again")
+    assert nodes_of(dump_dom(page.url("n1")))["n3"]["state"] == "ready"
