@@ -42,6 +42,7 @@ cluster once)."""
 
 _HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
             ("Referrer-Policy", "no-referrer"))
+_BEARER = ("WWW-Authenticate", 'Bearer realm="mqfed status"')
 _CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src '{script}'; "
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
@@ -74,7 +75,7 @@ class StatusPage:
             if request.path == "/":
                 return await self._page(request, refusal)
             if refusal is not None:
-                return _json(401, {"error": refusal})
+                return _json(401, {"error": refusal}, (_BEARER,))
             if request.path == "/status.json":
                 return _json(200, await self.status())
             topic = request.query.get("topic", "")
@@ -118,8 +119,10 @@ class StatusPage:
         headers = (*_HEADERS, ("Content-Security-Policy", self._csp))
         topic = request.query.get("topic", "").strip()
         if refusal is not None:
-            if request.query.get("login") == "basic":
-                headers += (("WWW-Authenticate", 'Basic realm="mqfed status", charset="UTF-8"'),)
+            # Basic makes a browser ask for the token (the page's link for no JavaScript);
+            # a Bearer challenge does not, so the page's own form shows
+            headers += ((("WWW-Authenticate", 'Basic realm="mqfed status", charset="UTF-8"'),)
+                        if request.query.get("login") == "basic" else (_BEARER,))
             body = page(self.cluster, self.node_id, {}, topic, signed_in=False,
                         note=refusal if request.headers.get("authorization") else "")
             return Response(401, "text/html; charset=utf-8", body.encode(), headers)
@@ -137,5 +140,6 @@ class StatusPage:
         return Response(200, "text/html; charset=utf-8", body.encode(), headers)
 
 
-def _json(status: int, data: dict[str, Any]) -> Response:
-    return Response(status, "application/json", json.dumps(data).encode(), _HEADERS)
+def _json(status: int, data: dict[str, Any],
+          extra: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, "application/json", json.dumps(data).encode(), _HEADERS + extra)

@@ -7,9 +7,12 @@ import asyncio
 import json
 from typing import Any
 
+from prometheus_client.registry import CollectorRegistry
+
 from sidecar._proto import admin_pb2
 from sidecar.admin.server import AdminUnavailable
-from sidecar.observability.http import Request, Response
+from sidecar.observability.health import HealthFacts
+from sidecar.observability.http import MetricsServer, Request, Response
 from sidecar.statuspage.access import PageAccess
 from sidecar.statuspage.html import TEMPLATE, script_hash
 from sidecar.statuspage.pages import StatusPage
@@ -73,7 +76,8 @@ def test_token_required() -> None:
     page = get(pages, "/")
     assert page.status == 401 and b'id="login"' in page.body and b"data-node=" not in page.body
     assert b'id="login" hidden' not in page.body
-    assert not any(k == "WWW-Authenticate" for k, _ in page.headers)
+    assert ("WWW-Authenticate", 'Bearer realm="mqfed status"') in page.headers  # no dialog
+    assert ("WWW-Authenticate", 'Bearer realm="mqfed status"') in denied.headers
     basic = get(pages, "/", login="basic")
     assert ("WWW-Authenticate", 'Basic realm="mqfed status", charset="UTF-8"') in basic.headers
     assert server.calls == []  # nothing was asked of the cluster
@@ -124,3 +128,19 @@ def test_starting_node() -> None:
     assert page.status == 200 and b"still starting" in page.body
     none = StatusPage(lambda: None, PageAccess(None, open=True), "n1", "c1")
     assert get(none, "/status.json").status == 503
+
+
+def test_read_only_on_the_metrics_listener() -> None:
+    """Behind the metrics listener: GET and HEAD only; /metrics and the probes still answer."""
+    pages, server, _ = make(PageAccess(None, open=True))
+    http = MetricsServer("127.0.0.1:0", CollectorRegistry(),
+                         lambda: HealthFacts("n1", True, False, 0.0, None), pages)
+    for method in ("POST", "PUT", "DELETE"):
+        for path in ("/", "/status.json", "/routes.json"):
+            assert asyncio.run(http.answer(Request(method, path))).status == 405
+    assert server.calls == []
+    assert asyncio.run(http.answer(Request("GET", "/metrics"))).status == 200
+    assert asyncio.run(http.answer(Request("GET", "/readyz"))).status == 200
+    assert asyncio.run(http.answer(Request("HEAD", "/status.json"))).status == 200
+    missing = asyncio.run(http.answer(Request("GET", "/nope")))
+    assert missing.status == 404 and b"try /," in missing.body
