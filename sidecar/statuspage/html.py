@@ -1,6 +1,7 @@
 """The status page's HTML (sans-IO): its sections rendered on the server from the dicts of
 `model`, so the page shows the cluster without JavaScript; the page's script fetches the same
-sections again from /status.json every 1.5 s."""
+sections again from /status.json every 1.5 s. The page itself is `page.html` (read by
+`pages`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import hashlib
 import re
 from collections.abc import Sequence
 from html import escape
-from importlib import resources
 from typing import Any
 
-__all__ = ["TEMPLATE", "links_html", "nodes_html", "page", "routes_html", "script_hash",
+__all__ = ["links_html", "nodes_html", "page", "routes_html", "script_hash",
            "summary_html"]
 
-TEMPLATE = resources.files("sidecar.statuspage").joinpath("page.html").read_text("utf-8")
 DASH = "–"
 
 
@@ -148,7 +147,7 @@ def routes_html(data: dict[str, Any]) -> str:
                          "routes", "no route: no node has a matching subscription")
 
 
-def script_hash(template: str = TEMPLATE) -> str:
+def script_hash(template: str) -> str:
     """The CSP hash of the page's inline script."""
     match = re.search(r"<script>(.*?)</script>", template, re.S)
     assert match is not None, "page.html has no script"
@@ -156,10 +155,11 @@ def script_hash(template: str = TEMPLATE) -> str:
     return "sha256-" + base64.b64encode(digest).decode()
 
 
-def page(cluster: str, node: str, sections: dict[str, str], topic: str, signed_in: bool,
-         note: str = "") -> str:
-    """The whole page: `sections` (summary, nodes, links, routes) rendered in place."""
+def page(template: str, cluster: str, node: str, sections: dict[str, str], topic: str,
+         signed_in: bool, note: str = "") -> str:
+    """The whole page (`template`: page.html): `sections` (summary, nodes, links, routes)
+    rendered in place."""
     fills = {"CLUSTER": _e(cluster), "NODE": _e(node), "TOPIC": _e(topic), "NOTE": _e(note),
              "SIGNED_IN": "1" if signed_in else "0", "LOGIN_HIDDEN": "hidden" if signed_in else ""}
     fills.update({k.upper(): v for k, v in sections.items()})
-    return re.sub(r"\{\{([A-Z_]+)\}\}", lambda m: fills.get(m.group(1), ""), TEMPLATE)
+    return re.sub(r"\{\{([A-Z_]+)\}\}", lambda m: fills.get(m.group(1), ""), template)

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from html import escape
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from sidecar._proto import admin_pb2
@@ -31,11 +32,13 @@ from sidecar.statuspage.rates import RateMeter
 if TYPE_CHECKING:
     from sidecar.admin.server import AdminServer
 
-__all__ = ["PATHS", "StatusPage"]
+__all__ = ["PATHS", "TEMPLATE", "StatusPage"]
 
 log = logging.getLogger("mqfed.statuspage")
 
 PATHS = ("/", "/status.json", "/routes.json")
+TEMPLATE = resources.files("sidecar.statuspage").joinpath("page.html").read_text("utf-8")
+"""The page: one file, inline CSS and script, no external asset."""
 REUSE = 0.5
 """Seconds a cluster-wide status answer serves further polls (several open pages ask the
 cluster once)."""
@@ -65,7 +68,7 @@ class StatusPage:
         self.clock = clock
         self.meter = RateMeter()
         self._last: tuple[float, dict[str, Any]] | None = None
-        self._csp = _CSP.format(script=script_hash())
+        self._csp = _CSP.format(script=script_hash(TEMPLATE))
 
     async def __call__(self, request: Request) -> Response | None:
         if request.path not in PATHS:
@@ -123,7 +126,7 @@ class StatusPage:
             # a Bearer challenge does not, so the page's own form shows
             headers += ((("WWW-Authenticate", 'Basic realm="mqfed status", charset="UTF-8"'),)
                         if request.query.get("login") == "basic" else (_BEARER,))
-            body = page(self.cluster, self.node_id, {}, topic, signed_in=False,
+            body = page(TEMPLATE, self.cluster, self.node_id, {}, topic, signed_in=False,
                         note=refusal if request.headers.get("authorization") else "")
             return Response(401, "text/html; charset=utf-8", body.encode(), headers)
         sections: dict[str, str] = {}
@@ -136,7 +139,7 @@ class StatusPage:
             sections.setdefault("summary", f'<p class="missing">{escape(str(exc))}</p>')
             if topic and "nodes" in sections:
                 sections["routes"] = f'<p class="missing">{escape(str(exc))}</p>'
-        body = page(self.cluster, self.node_id, sections, topic, signed_in=True)
+        body = page(TEMPLATE, self.cluster, self.node_id, sections, topic, signed_in=True)
         return Response(200, "text/html; charset=utf-8", body.encode(), headers)
 
 

@@ -8,6 +8,7 @@ import re
 from sidecar._proto import admin_pb2
 from sidecar.statuspage.html import links_html, nodes_html, page, routes_html, summary_html
 from sidecar.statuspage.model import counters, routes_data, status_data
+from sidecar.statuspage.pages import TEMPLATE
 
 
 def link(peer: str, out: str = "up", inbound: str = "up", sent: int = 0) -> admin_pb2.PeerLink:
@@ -82,7 +83,8 @@ def test_matrix_summary_and_escaping() -> None:
     summary = summary_html(data)
     assert "partial answer" in summary and "127.0.0.1:7103" in summary
     assert "1 of 5" in summary and ">n1<" in summary
-    full = page(data["cluster"], "n1", {"nodes": nodes_html(data["nodes"])}, "a/<b>", True)
+    full = page(TEMPLATE, data["cluster"], "n1", {"nodes": nodes_html(data["nodes"])},
+                "a/<b>", True)
     assert "c&lt;1&gt;" in full and 'value="a/&lt;b&gt;"' in full and "c<1>" not in full
     assert 'data-node="n1"' in full and "{{" not in full
 

@@ -14,8 +14,8 @@ from sidecar.admin.server import AdminUnavailable
 from sidecar.observability.health import HealthFacts
 from sidecar.observability.http import MetricsServer, Request, Response
 from sidecar.statuspage.access import PageAccess
-from sidecar.statuspage.html import TEMPLATE, script_hash
-from sidecar.statuspage.pages import StatusPage
+from sidecar.statuspage.html import script_hash
+from sidecar.statuspage.pages import TEMPLATE, StatusPage
 from tests.statuspage.test_model import reply
 
 
