@@ -5,8 +5,8 @@ cluster-wide `Status` and `Routes` queries (what `mqfed ctl status` and `mqfed c
 
 from __future__ import annotations
 
+import asyncio
 import json
-import logging
 import time
 from collections.abc import Callable
 from html import escape
@@ -34,14 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = ["PATHS", "TEMPLATE", "StatusPage"]
 
-log = logging.getLogger("mqfed.statuspage")
-
 PATHS = ("/", "/status.json", "/routes.json")
 TEMPLATE = resources.files("sidecar.statuspage").joinpath("page.html").read_text("utf-8")
 """The page: one file, inline CSS and script, no external asset."""
 REUSE = 0.5
 """Seconds a cluster-wide status answer serves further polls (several open pages ask the
-cluster once)."""
+cluster once; polls during a fan-out wait for it)."""
 
 _HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
             ("Referrer-Policy", "no-referrer"))
@@ -68,6 +66,7 @@ class StatusPage:
         self.clock = clock
         self.meter = RateMeter()
         self._last: tuple[float, dict[str, Any]] | None = None
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
         self._csp = _CSP.format(script=script_hash(TEMPLATE))
 
     async def __call__(self, request: Request) -> Response | None:
@@ -92,6 +91,15 @@ class StatusPage:
         now = self.clock()
         if self._last is not None and now - self._last[0] < REUSE:
             return self._last[1]
+        if self._pending is None:  # polls arriving meanwhile share the fan-out under way
+            self._pending = asyncio.ensure_future(self._fresh_status(now))
+            self._pending.add_done_callback(self._settled)
+        return await asyncio.shield(self._pending)
+
+    def _settled(self, _task: asyncio.Future) -> None:
+        self._pending = None
+
+    async def _fresh_status(self, now: float) -> dict[str, Any]:
         reply = await self._ask("Status", admin_pb2.Query())
         data = status_data(reply, self.meter.observe(self.clock(), counters(reply)))
         data["html"] = {"summary": summary_html(data),

@@ -144,3 +144,18 @@ def test_read_only_on_the_metrics_listener() -> None:
     assert asyncio.run(http.answer(Request("HEAD", "/status.json"))).status == 200
     missing = asyncio.run(http.answer(Request("GET", "/nope")))
     assert missing.status == 404 and b"try /," in missing.body
+
+
+def test_concurrent_polls_share_one_fan_out() -> None:
+    class Slow(Server):
+        async def answer(self, name: str, query: admin_pb2.Query) -> Any:
+            await asyncio.sleep(0.05)
+            return await super().answer(name, query)
+
+    pages, server, _ = make(PageAccess(None, open=True), Slow())
+
+    async def many() -> list[Response | None]:
+        return await asyncio.gather(*(pages(Request("GET", "/status.json")) for _ in range(5)))
+    answers = asyncio.run(many())
+    assert server.calls == ["Status"]
+    assert len({a.body for a in answers if a is not None}) == 1
