@@ -167,6 +167,15 @@ def polls(browser: Browser) -> int:
     return int(browser.eval("Number(document.body.dataset.polls || 0)"))  # type: ignore[arg-type]
 
 
+def search(browser: Browser, topic: str) -> None:
+    """Type `topic` into the page's search box, submit, wait for the answer."""
+    browser.eval("document.getElementById('routes').removeAttribute('data-source'); "
+                 f"document.getElementById('topic').value = {json.dumps(topic)}; "
+                 "document.getElementById('routes-form').requestSubmit()")
+    browser.wait("document.getElementById('routes').dataset.source === 'script'",
+                 what=f"the routes of {topic}")
+
+
 def test_node_table_without_javascript(page: Page, traffic: Traffic) -> None:
     dom = dump_dom(page.url("n1", "?topic=st/n3/temp"), script=False)
     assert "static page (JavaScript off)" in dom and "data-polls" not in dom
@@ -188,6 +197,7 @@ def test_numbers_move_on_an_open_page(page: Page, traffic: Traffic) -> None:
         time.sleep(3)  # the page polls every 1.5 s
         second, links_second = nodes_of(browser.html()), links_of(browser.html())
         assert polls(browser) >= polled + 1
+        search(browser, "st/n3/temp")
         page.shot("status-live.png", browser)
     for node in ("n1", "n3"):  # the publishers' nodes forward to n2
         assert second[node]["totals"]["out"] > first[node]["totals"]["out"] > 0, (first, second)
@@ -203,16 +213,10 @@ def test_topic_search_shows_the_right_nodes(page: Page, traffic: Traffic) -> Non
         browser.open(page.url("n3"))  # any node answers for the whole cluster
         for topic, nodes in (("st/n3/temp", "n2, n3"), ("st/k9/temp", "n2"),
                              ("elsewhere", "no node")):
-            browser.eval("document.getElementById('routes').removeAttribute('data-source'); "
-                         f"document.getElementById('topic').value = {json.dumps(topic)}; "
-                         "document.getElementById('routes-form').requestSubmit()")
-            browser.wait("document.getElementById('routes').dataset.source === 'script'",
-                         what=f"the routes of {topic}")
+            search(browser, topic)
             shown = browser.eval("document.getElementById('delivered-by').textContent")
             assert shown == nodes, (topic, browser.html()[-3000:])
             assert browser.eval("location.search") == f"?topic={topic.replace('/', '%2F')}"
-            if topic == "st/n3/temp":
-                page.shot("status-routes.png", browser)
     bad = page.get("n1", "/routes.json?topic=st/%23")
     assert bad[0] == 400 and "wildcard" in bad[1]["error"]
 
