@@ -173,6 +173,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                         "admin.listen only; for development)"),
         "tls": Key(bool, False, None, "serve admin calls over TLS with the grpc.tls_* "
                    "certificate (`mqfed ctl --tls-ca`)"),
+        "status_page_open_on_loopback": Key(
+            bool, True, None, "the status page at admin.metrics' / answers without the "
+            "admin token when admin.metrics is on loopback (a development cluster); on any "
+            "other address it always needs the token"),
     },
     "membership": {
         "mode": Key(str, "etcd", _one_of("etcd", "static"), "etcd or a static peer list"),

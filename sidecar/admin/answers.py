@@ -66,8 +66,17 @@ class Answers:
             clients_offline=sessions["offline"], subscriptions=sessions["subscriptions"],
             protocol=f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}",
             drain=node.drainer.core.state if node.drainer else "serving")
+        if node.sessions is not None:
+            registry = node.sessions.status()
+            out.sessions, out.sessions_owned = registry["sessions"], registry["owned"]
         if routing is None:
             return out
+        bp = routing.backpressure
+        out.shedding = bool(bp.shedding or bp.plugin_shedding)
+        out.publishers_shed = bp.publishers_shed
+        out.forward_backlog = bp.plugin_backlog
+        out.retained = routing.retained.status()["live"]
+        out.reinjected = routing.counters["reinjected"]
         draining = node.drainer.draining_peers if node.drainer else set()
         out.forwarded = routing.forwarder.forwarded
         out.received = routing.counters["received"]

@@ -9,7 +9,7 @@ from typing import Any
 from sidecar._proto import admin_pb2
 from sidecar.peering.capabilities import MISSING_MEANS
 
-__all__ = ["drain_line", "missing_line", "render", "table"]
+__all__ = ["drain_line", "duration", "etcd_state", "missing_line", "render", "table"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> str:
@@ -27,13 +27,22 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as 42s, 17m or 3h05m."""
     seconds = int(max(seconds, 0))
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def etcd_state(s: admin_pb2.NodeStatus) -> str:
+    """How a node sees etcd: ok, unregistered, unreachable, or static (no etcd)."""
+    if s.membership != "etcd":
+        return "static"
+    return ("ok" if s.etcd_reachable and s.etcd_registered else
+            "unregistered" if s.etcd_reachable else "unreachable")
 
 
 def missing_line(missing: Sequence[admin_pb2.Missing]) -> str:
@@ -49,16 +58,14 @@ def _status(r: admin_pb2.StatusReply, now: float) -> str:
         s = by_id.get(n.node_id)
         state = n.state if n.answered or n.state != "up" else "unreachable"
         if s is None:
-            since = f"since {_duration(now - n.since)}" if n.state != "up" else ""
+            since = f"since {duration(now - n.since)}" if n.state != "up" else ""
             rows.append([n.node_id, state, "-", n.version, n.incarnation, since, "-", "-",
                          n.mqtt, n.admin])
             continue
-        etcd = ("ok" if s.etcd_reachable and s.etcd_registered else
-                "unregistered" if s.etcd_reachable else "unreachable") \
-            if s.membership == "etcd" else "static"
+        etcd = etcd_state(s)
         ready = _yes(s.ready) if s.drain in ("", "serving") else s.drain
         rows.append([n.node_id, state, ready, s.version, s.incarnation,
-                     _duration(s.uptime_s), etcd, f"{s.clients_online}/{s.clients_offline}",
+                     duration(s.uptime_s), etcd, f"{s.clients_online}/{s.clients_offline}",
                      s.mqtt, s.admin])
     nodes = table(["NODE", "STATE", "READY", "VERSION", "INCARNATION", "UPTIME", "ETCD",
                    "CLIENTS", "MQTT", "ADMIN"], rows)
@@ -100,7 +107,7 @@ def _mixed(r: admin_pb2.StatusReply) -> str:
 def _nodes(r: admin_pb2.NodesReply, now: float) -> str:
     return table(["NODE", "STATE", "SINCE", "VERSION", "INCARNATION", "MQTT", "GRPC", "ADMIN"],
                  [[n.node_id + (" *" if n.self else ""), n.state,
-                   _duration(now - n.since) if n.since else "", n.version, n.incarnation,
+                   duration(now - n.since) if n.since else "", n.version, n.incarnation,
                    n.mqtt, n.grpc, n.admin] for n in r.nodes])
 
 

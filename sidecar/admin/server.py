@@ -35,7 +35,7 @@ from sidecar.topics import TopicError, validate_topic
 if TYPE_CHECKING:
     from sidecar.node.facts import NodeView
 
-__all__ = ["AdminServer", "AdminServerError"]
+__all__ = ["AdminServer", "AdminServerError", "AdminUnavailable"]
 
 log = logging.getLogger("mqfed.admin")
 
@@ -46,6 +46,10 @@ TRACE_WAIT_MS = 1000
 
 class AdminServerError(RuntimeError):
     """The admin server cannot listen; the message says why."""
+
+
+class AdminUnavailable(RuntimeError):
+    """The node cannot answer this query now; the message says why."""
 
 
 class _Refused(Exception):
@@ -214,6 +218,17 @@ class AdminServer:
                 address, self.token, None if self.tls is None else self.tls.channel_credentials(),
                 caller=self.node_id, callee=node)
         return client
+
+    async def answer(self, name: str, request: Any) -> Any:
+        """Answer `name` as an authenticated admin call would (for callers that checked the
+        token themselves: the status page). AdminUnavailable when the node refuses it now
+        (still starting); ValueError or UnknownNode for a bad request."""
+        if name not in METHODS or name in ("Drain", "Trace"):
+            raise ValueError(f"{name} is not a read-only admin query")
+        try:
+            return await getattr(self, "_" + name.lower())(request)
+        except _Refused as exc:
+            raise AdminUnavailable(str(exc)) from None
 
     # ---- methods ---------------------------------------------------------------------------
     async def _drain(self, request: admin_pb2.DrainRequest) -> admin_pb2.DrainReply:

@@ -1,5 +1,6 @@
-"""The node's admin side (wiring): admin gRPC server, metrics/health listener, the cluster
-directory and the retained source. `node.py` creates one and calls it at a few points."""
+"""The node's admin side (wiring): admin gRPC server, metrics/health listener (with the
+status page), the cluster directory and the retained source. `node.py` creates one and calls
+it at a few points."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from sidecar.observability.collector import NodeCollector
 from sidecar.observability.health import HealthFacts
 from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
+from sidecar.statuspage.access import page_access
+from sidecar.statuspage.pages import StatusPage
 from sidecar.tokens import check_not_default
 
 if TYPE_CHECKING:
@@ -91,7 +94,10 @@ class AdminService:
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(NodeCollector(self.node, self.version))
-        self.http = MetricsServer(listen, registry, self._facts)
+        cfg = self.node.config
+        access = page_access(self.token, listen, cfg["admin"]["status_page_open_on_loopback"])
+        pages = StatusPage(lambda: self.grpc, access, cfg.node_id, cfg.cluster)
+        self.http = MetricsServer(listen, registry, self._facts, pages)
         await self.http.start()
 
     async def _start_grpc(self) -> None:

@@ -160,6 +160,8 @@ def _describe(state: ClusterState) -> str:
               "Inspect it from any node (admin API, token in the run dir):",
               *(f"  mqfed ctl --node {n.host}:{n.ports.admin} --token-file {lay.admin_token_path} "
                 "status" for n in sorted(state.nodes.values(), key=lambda n: n.index)[:1]),
+              f"  status page (live, the whole cluster): http://{_first_host(state)}:"
+              f"{lay.node_ports(1).metrics}/ (every node serves it)",
               f"  metrics and probes: http://{_first_host(state)}:"
               f"{lay.node_ports(1).metrics}/metrics, "
               "/healthz, /readyz",

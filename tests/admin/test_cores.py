@@ -167,7 +167,10 @@ def test_health_answers() -> None:
 
 
 def test_parse_request() -> None:
-    assert parse_request(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n") == ("GET", "/metrics")
+    request = parse_request(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nX-A:  b \r\n\r\n")
+    assert request is not None
+    assert (request.method, request.path, request.query) == ("GET", "/metrics", {"x": "1"})
+    assert request.headers == {"host": "a", "x-a": "b"}
     assert parse_request(b"garbage\r\n\r\n") is None
 
 

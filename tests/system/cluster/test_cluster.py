@@ -236,6 +236,8 @@ def test_foreground_up_stops_on_sigint(run_dir: Path, procs, needs_nodes: None) 
                               "--run-dir", str(run_dir)])
     _wait_for_hint(proc, base)
     assert f"127.0.0.1:{base + 1}" in proc.log_text()  # the node's own MQTT address
+    assert f"status page (live, the whole cluster): http://127.0.0.1:{base + 301}/" \
+        in proc.log_text()  # what `make demo` prints (issue 22)
     refs = recorded_refs(run_dir)
     pids = {r.pid for r in refs}
     assert proc.pid in pids and len(pids) == 5  # launcher, etcd, haproxy, sidecar, mosquitto
