@@ -205,6 +205,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "down_grace": Key(float, 1.0, _positive, "seconds a node's peer stream must be down"
                           " before its sessions' replicas take over"),
     },
+    "drain": {
+        "on_stop": Key(float, 20.0, _between(0, 3600), "seconds a node stopped by SIGTERM first"
+                       " drains like `mqfed ctl drain` (clients and their sessions move to the"
+                       " other nodes) while another node serves; then it leaves (0: leave"
+                       " at once)"),
+    },
     "wills": {
         "grace": Key(float, 3.0, _positive, "seconds a node's peer streams must have been down,"
                      " after its etcd lease expired, before it is confirmed dead and one"

@@ -124,7 +124,8 @@ def _stop_all(state: ClusterState) -> None:
     if state.haproxy:
         stop([state.haproxy])
     brokers = [b for n in state.nodes.values() for b in nodes.mosquittos(lay, n)]
-    stop([n.sidecar for n in state.nodes.values() if n.sidecar], timeout=15.0)
+    stop([n.sidecar for n in state.nodes.values() if n.sidecar],
+         timeout=nodes.SIDECAR_STOP_TIMEOUT)
     brokers += [b for n in state.nodes.values() for b in nodes.mosquittos(lay, n)]
     stop([b for b in brokers if b.running()])
     if state.etcd:

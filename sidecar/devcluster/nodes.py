@@ -41,6 +41,9 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
 
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
+SIDECAR_STOP_TIMEOUT = 45.0
+"""Seconds a SIGTERMed sidecar gets (its drain, `drain.on_stop` 20 s, then its leave) before
+SIGKILL."""
 
 
 def child_env(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -136,7 +139,7 @@ def stop_node(layout: Layout, node: NodeRecord, how: str = "term") -> None:
     brokers = mosquittos(layout, node)
     sidecar = [node.sidecar] if node.sidecar else []
     if how == "term":
-        stop(sidecar, timeout=15.0)
+        stop(sidecar, timeout=SIDECAR_STOP_TIMEOUT)
         stop(brokers + mosquittos(layout, node), timeout=10.0)
     elif how == "kill":
         kill(sidecar + brokers)

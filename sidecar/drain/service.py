@@ -135,6 +135,37 @@ class DrainService:
     def progress(self) -> Progress:
         return self.core.progress(time.monotonic())
 
+    def serving_peers(self) -> list[str]:
+        """Peers with a stream up that are not draining: where clients and sessions can go."""
+        transport = self.routing.transport
+        return [p for p in self.routing.queues
+                if transport.connected(p) and p not in self.draining_peers]
+
+    async def before_stop(self, timeout: float) -> bool:
+        """SIGTERM: drain as `mqfed ctl drain` does, for at most `timeout` seconds and only
+        while another node serves (a whole cluster stopping has nowhere to move anything);
+        True once drained. The caller then leaves as before (what is left is kicked)."""
+        if timeout <= 0 or self.core.state == "drained":
+            return self.core.state == "drained"
+        if not self.serving_peers():
+            log.info("stopping without a drain: no other node serves")
+            return False
+        self.start()
+        deadline = time.monotonic() + timeout
+        while self.core.state != "drained":
+            if time.monotonic() > deadline:
+                log.warning("stopping before the drain ended (drain.on_stop is %.0f s); what "
+                            "is left is disconnected", timeout,
+                            extra={"progress": self.progress().as_dict()})
+                return False
+            if not self.serving_peers():
+                log.info("stopping before the drain ended: no other node serves any more")
+                return False
+            await asyncio.sleep(TICK)
+        log.info("drained before stopping",
+                 extra={"seconds": self.progress().seconds})
+        return True
+
     def on_resync(self) -> None:
         """The plugin link re-synced: a restarted Mosquitto admits everyone (closed again
         while draining); a Mosquitto adopted from a sidecar that was draining still refuses

@@ -172,10 +172,13 @@ class Node:
                 self._publish_status()
 
     async def _drain(self) -> None:
-        """Graceful leave: clients disconnected cleanly, their last messages forwarded. Only
-        when we stop Mosquitto too: a sidecar alone restarting keeps every client."""
+        """Graceful leave: drained (`drain.on_stop`), then clients disconnected cleanly, their
+        last messages forwarded. Only when we stop Mosquitto too: a sidecar alone restarting
+        keeps every client."""
         if self.broker is None or self.link is None or not self.link.connected:
             return
+        if self.drainer is not None:  # first as `mqfed ctl drain`: sessions move too
+            await self.drainer.before_stop(self.config["drain"]["on_stop"])
         online = [c for c, info in self.table.sessions().items()
                   if info.online and not c.startswith(DEFAULT_SIDECAR_ID)]
         await drain(self.link, online, self.routing)

@@ -21,14 +21,7 @@ def _run(cluster, name: str, checker: str = "load") -> dict:
     return run(name, opts, print)
 
 
-ROLLING = pytest.mark.xfail(strict=False, reason=(
-    "subscribers with sessions lose messages while nodes restart one by one: a drained "
-    "client's session handover fails ('handing a session's messages over failed'; "
-    "docs/reliability.md, rolling-restart)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=ROLLING) if n == "rolling-restart"
-                                  else n for n in LOOPBACK])
+@pytest.mark.parametrize("name", LOOPBACK)
 def test_scenario_loses_nothing_and_converges(chaos_cluster, name):
     row = _run(chaos_cluster, name)
     assert row["verdict"] == "PASS", row

@@ -6,10 +6,12 @@ nodes with what they queued, and undrain admits clients again."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.harness.procs import wait_for
@@ -103,3 +105,78 @@ def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster)
         assert result.returncode == 0, result.stderr
     wait_for(lambda: readyz(cluster, "n3")[0] == 200, 20, "n3 ready again")
     connect(cluster.ports["n3"], timeout=5).close()
+
+
+def _paced(port: int, topic: str, count: int, rate: float, failures: list) -> None:
+    """`count` QoS 1 messages at `rate` per second; any failed PUBACK goes to `failures`."""
+    pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id=f"pace-{time.time_ns()}", protocol=mqtt.MQTTv5)
+    pub.on_publish = lambda c, u, mid, rc, p: rc.is_failure and failures.append(rc)
+    pub.connect("127.0.0.1", port)
+    pub.loop_start()
+    try:
+        start = time.monotonic()
+        infos = []
+        for i in range(count):
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+            infos.append(pub.publish(topic, str(i), qos=1))
+        for info in infos:
+            info.wait_for_publish(20)
+        failures.extend(i.mid for i in infos if not i.is_published())
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+
+
+def test_sigterm_drains_first_so_moving_sessions_lose_nothing(own_cluster):
+    """A node stopped with SIGTERM alone (`mqfed stop-node`, `docker stop`, no `ctl drain`)
+    drains first: its clients resume elsewhere with their sessions and what was queued for
+    them there meanwhile, under a stream of QoS 1 messages; an absent client's session is
+    handed off with its messages."""
+    cluster = own_cluster
+    run = f"{time.time_ns() % 10**8}"
+    devices = [Device(f"st-{run}-{i}") for i in range(9)]
+    for dev in devices:
+        assert dev.connect(cluster.front) is False
+        dev.subscribe(f"st/{run}/#", 1)
+    wait_for(lambda: set(owners(cluster)) >= {d.client_id for d in devices}, 10,
+             "every session in the registry")
+    on_n1 = [d for d in devices if owners(cluster)[d.client_id] == "n1"]
+    assert len(on_n1) >= 2, "round robin put at least two of nine clients on n1"
+    away, online = on_n1[0], on_n1[1:]
+    away.leave()
+    for dev in devices:
+        cluster.wait_interest(owners(cluster)[dev.client_id], f"st/{run}/#")
+    publish(cluster.ports["n3"], f"st/{run}/before", 50)  # queued on n1 for `away`
+
+    failures: list = []
+    stream = threading.Thread(target=_paced, args=(cluster.ports["n3"], f"st/{run}/live",
+                                                   600, 150.0, failures))
+    stream.start()
+    try:
+        time.sleep(1.0)
+        result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1", timeout=120)
+        assert result.returncode == 0, result.stderr
+    finally:
+        stream.join(60)
+    assert not failures, failures[:5]
+    log = (cluster.run_dir / "nodes" / "n1").rglob("*.log")
+    assert any("draining: admission closed" in p.read_text(errors="replace") for p in log)
+
+    def missing(dev: Device, topic: str, count: int, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = sorted(set(range(count)) - set(dev.payloads(f"st/{run}/{topic}")))
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
+
+    for dev in online:
+        assert not missing(dev, "live", 600, 30), (dev.client_id, missing(dev, "live", 600, 0))
+        assert len(dev.connects) >= 2 and all(dev.connects[1:]), dev.connects
+    assert "n1" not in owners(cluster).values()
+    assert away.connect(cluster.front) is True
+    assert not missing(away, "before", 50, 20), missing(away, "before", 50, 0)
+    assert not missing(away, "live", 600, 20), missing(away, "live", 600, 0)
+    for dev in devices:
+        dev.leave()
