@@ -4,8 +4,6 @@ helpers to run `mqfed ctl` against it and scrape its metrics. Always brought dow
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.metrics import parse_metrics
-from tests.system.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.system.cluster.conftest import detached_cluster, mqfed
 
 
 @dataclass
@@ -70,27 +68,10 @@ class AdminCluster:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[AdminCluster]:
-    if not PLUGIN.exists():
-        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
-    path = Path(tempfile.mkdtemp(prefix="mqfed-admin-", dir="/tmp"))
-    path.chmod(0o755)
-    ok = False
-    try:
-        # no session replicas: the routes and traces checked here are those of the clients'
-        # own nodes (a replica elsewhere adds its routes and hops: tests/system/sessions)
-        result = mqfed("up", "--nodes", "3", "--detach", "--json", "--base-port",
-                       str(base_port(3)), "--run-dir", str(path), timeout=120,
-                       env={"MQFED_SESSIONS_REPLICAS": "1"})
-        assert result.returncode == 0, result.stderr + logs_of(path)
-        yield AdminCluster(path, json.loads(result.stdout))
-        ok = True
-    finally:
-        if not ok:
-            print(logs_of(path))
-        left = cleanup(path)
-        if ok and not left:
-            shutil.rmtree(path, ignore_errors=True)
-        assert not left, f"processes of {path} still running: {left}"
+    # no session replicas: the routes and traces checked here are those of the clients'
+    # own nodes (a replica elsewhere adds its routes and hops: tests/system/sessions)
+    with detached_cluster("mqfed-admin-", env={"MQFED_SESSIONS_REPLICAS": "1"}) as (path, info):
+        yield AdminCluster(path, info)
 
 
 # `nodes`: real single `mqfed node` processes (tests/node), stopped by PID after each test

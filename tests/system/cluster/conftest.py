@@ -19,6 +19,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,31 @@ def cleanup(run_dir: Path) -> list[int]:
     for ref in refs.values():
         ref.signal(signal.SIGKILL)
     return sorted(refs)
+
+
+@contextmanager
+def detached_cluster(prefix: str, nodes: int = 3,
+                     env: dict[str, str] | None = None) -> Iterator[tuple[Path, dict]]:
+    """`mqfed up --detach --json` in a fresh run dir: (run dir, its JSON); stopped by PID
+    after (logs printed if the body failed; the dir kept if something survived)."""
+    if not PLUGIN.exists():
+        pytest.skip(f"the mqfed plugin is not built ({PLUGIN}); run `make install`")
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    ok = False
+    try:
+        result = mqfed("up", "--nodes", str(nodes), "--detach", "--json", "--base-port",
+                       str(base_port(nodes)), "--run-dir", str(path), timeout=120, env=env)
+        assert result.returncode == 0, result.stderr + logs_of(path)
+        yield path, json.loads(result.stdout)
+        ok = True
+    finally:
+        if not ok:
+            print(logs_of(path))
+        left = cleanup(path)
+        if ok and not left:
+            shutil.rmtree(path, ignore_errors=True)
+        assert not left, f"processes of {path} still running: {left}"
 
 
 @pytest.fixture

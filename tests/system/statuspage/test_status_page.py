@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
-import tempfile
 import threading
 import time
 import urllib.error
@@ -28,15 +26,7 @@ from tests.harness.browser import (
     table_rows,
 )
 from tests.harness.procs import wait_for
-from tests.system.cluster.conftest import (
-    PLUGIN,
-    Probe,
-    base_port,
-    cleanup,
-    connect,
-    logs_of,
-    mqfed,
-)
+from tests.system.cluster.conftest import Probe, connect, detached_cluster, mqfed
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (Debian package `chromium`; "
@@ -102,25 +92,9 @@ class Traffic:
 
 @pytest.fixture(scope="module")
 def page() -> Iterator[Page]:
-    if not PLUGIN.exists():
-        pytest.skip(f"the mqfed plugin is not built ({PLUGIN}); run `make install`")
-    path = Path(tempfile.mkdtemp(prefix="mqfed-statuspage-", dir="/tmp"))
-    path.chmod(0o755)
-    ok = False
-    try:
-        result = mqfed("up", "--nodes", "3", "--detach", "--json", "--base-port",
-                       str(base_port(3)), "--run-dir", str(path), timeout=120,
-                       env={"MQFED_SESSIONS_REPLICAS": "1"})
-        assert result.returncode == 0, result.stderr + logs_of(path)
-        yield Page(path, json.loads(result.stdout))
-        ok = True
-    finally:
-        if not ok:
-            print(logs_of(path))
-        left = cleanup(path)
-        if ok and not left:
-            shutil.rmtree(path, ignore_errors=True)
-        assert not left, f"processes of {path} still running: {left}"
+    with detached_cluster("mqfed-statuspage-",
+                          env={"MQFED_SESSIONS_REPLICAS": "1"}) as (path, info):
+        yield Page(path, info)
 
 
 @pytest.fixture(scope="module")
