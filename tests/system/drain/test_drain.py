@@ -41,22 +41,29 @@ def owners(cluster) -> dict[str, str]:
     return {s["client"]: s["owner"] for s in json.loads(out).get("sessions", [])}
 
 
-def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster):
-    cluster = own_cluster
-    run = f"{time.time_ns() % 10**8}"
-    devices = [Device(f"dr-{run}-{i}") for i in range(9)]
+def sessions_through_front(cluster, prefix: str, topic) -> tuple[list, Device, list]:
+    """Nine persistent-session devices through the front, each subscribed to `topic(device)`;
+    (all, one of n1's that has left, n1's others still online)."""
+    devices = [Device(f"{prefix}-{i}") for i in range(9)]
     for dev in devices:
         assert dev.connect(cluster.front) is False
-        dev.subscribe(f"dr/{run}/{dev.client_id}", 1)
+        dev.subscribe(topic(dev), 1)
     wait_for(lambda: set(owners(cluster)) >= {d.client_id for d in devices}, 10,
              "every session in the registry")
     on_n1 = [d for d in devices if owners(cluster)[d.client_id] == "n1"]
     assert len(on_n1) >= 2, "round robin put at least two of nine clients on n1"
-    away, online = on_n1[0], on_n1[1:]
-    away.leave()
-    topic = f"dr/{run}/{away.client_id}"
+    on_n1[0].leave()
     for dev in devices:
-        cluster.wait_interest(owners(cluster)[dev.client_id], f"dr/{run}/{dev.client_id}")
+        cluster.wait_interest(owners(cluster)[dev.client_id], topic(dev))
+    return devices, on_n1[0], on_n1[1:]
+
+
+def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster):
+    cluster = own_cluster
+    run = f"{time.time_ns() % 10**8}"
+    devices, away, online = sessions_through_front(cluster, f"dr-{run}",
+                                                   lambda d: f"dr/{run}/{d.client_id}")
+    topic = f"dr/{run}/{away.client_id}"
     publish(cluster.ports["n3"], topic, 50)  # queued on n1 (and its replica) for `away`
 
     code, out, err = ctl(cluster, "--json", "drain", "n1", "--wait", "--wait-timeout", "60")
@@ -135,18 +142,7 @@ def test_sigterm_drains_first_so_moving_sessions_lose_nothing(own_cluster):
     handed off with its messages."""
     cluster = own_cluster
     run = f"{time.time_ns() % 10**8}"
-    devices = [Device(f"st-{run}-{i}") for i in range(9)]
-    for dev in devices:
-        assert dev.connect(cluster.front) is False
-        dev.subscribe(f"st/{run}/#", 1)
-    wait_for(lambda: set(owners(cluster)) >= {d.client_id for d in devices}, 10,
-             "every session in the registry")
-    on_n1 = [d for d in devices if owners(cluster)[d.client_id] == "n1"]
-    assert len(on_n1) >= 2, "round robin put at least two of nine clients on n1"
-    away, online = on_n1[0], on_n1[1:]
-    away.leave()
-    for dev in devices:
-        cluster.wait_interest(owners(cluster)[dev.client_id], f"st/{run}/#")
+    devices, away, online = sessions_through_front(cluster, f"st-{run}", lambda d: f"st/{run}/#")
     publish(cluster.ports["n3"], f"st/{run}/before", 50)  # queued on n1 for `away`
 
     failures: list = []
