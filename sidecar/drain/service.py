@@ -66,16 +66,24 @@ class Sessions(Protocol):
     def drain_progress(self) -> dict[str, int]: ...
 
 
+class Wills(Protocol):
+    """What the drain uses of `WillService`."""
+
+    async def handover(self) -> int: ...
+
+
 class DrainService:
     """The drain of one node; `start()`/`stop()` from the admin API, frames from routing."""
 
     def __init__(self, node_id: str, request: Request, table: SubscriptionTable,
-                 routing: Routing, sessions: Sessions | None) -> None:
+                 routing: Routing, sessions: Sessions | None,
+                 wills: Wills | None = None) -> None:
         self.node_id = node_id
         self.request = request  # the plugin's commands (LocalLink.request)
         self.table = table
         self.routing = routing
         self.sessions = sessions
+        self.wills = wills
         self.core = Drain()
         self.draining_peers: set[str] = set()
         self._denied: set[str] = set()  # per-client denies (a plugin without `admission`)
@@ -83,6 +91,7 @@ class DrainService:
         self._task: asyncio.Task | None = None
         self._ops: set[asyncio.Task] = set()
         self._kicking: asyncio.Task | None = None  # one round of kicks at a time
+        self._handing: asyncio.Task | None = None  # one hand-off round at a time
         self._unavailable: frozenset[str] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -253,8 +262,8 @@ class DrainService:
                 if self._kicking is None or self._kicking.done():
                     self._kicking = self._spawn(self._kick_all(self.clients()))
             elif isinstance(action, HandOff):
-                if self.sessions is not None:
-                    self.sessions.hand_off_all()
+                if self._handing is None or self._handing.done():
+                    self._handing = self._spawn(self._hand_off())
             else:  # pragma: no cover - a new action type must be wired here
                 raise TypeError(f"unhandled action {action!r}")
 
@@ -286,6 +295,18 @@ class DrainService:
                 self._denied.clear()
         except Exception as exc:  # the link is down: it re-syncs, then on_resync
             log.warning("admission command failed: %s", exc)
+
+    async def _hand_off(self) -> None:
+        """Give the sessions of clients that did not come back to other nodes, their delayed
+        wills first: the shadow that moves a session resumes it here, and Mosquitto cancels
+        the pending will of a session resumed; a peer publishes it when it is due."""
+        if self.wills is not None:
+            try:
+                await self.wills.handover()
+            except Exception as exc:  # the sessions move anyway; the wills stay here
+                log.warning("handing the delayed wills over failed: %s", exc)
+        if self.sessions is not None:
+            self.sessions.hand_off_all()
 
     async def _kick_all(self, clients: list[str]) -> None:
         gate = asyncio.Semaphore(KICK_CONCURRENCY)

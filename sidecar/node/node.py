@@ -298,7 +298,7 @@ class Node:
         self.wills = self._build_wills(routing, incarnation)
         routing.wills = self.wills
         self.drainer = DrainService(self.config.node_id, link.request, self.table, routing,
-                                    self.sessions)
+                                    self.sessions, self.wills)
         routing.drain = self.drainer
         if self.config["mqtt"]["journal"]:  # before the forwarding client connects
             self.journal = JournalService(self.layout.socket_dir, link, routing.forward_client)

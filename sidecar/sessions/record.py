@@ -60,6 +60,9 @@ class SessionRecord:
     kept for a while so an older record cannot bring it back.
     `subscriptions`: filter (verbatim, `$share/...` included) -> its QoS, options and
     identifier packed in an int (`Subscription.pack`; a plain QoS means default options).
+    `client_connect_hlc`: after a drain handed the session to another node (a connect of the
+    cluster's own, `connect_hlc`), the connect HLC of the client's last connection; 0 when
+    `connect_hlc` is the client's.
     """
 
     client: str
@@ -73,6 +76,12 @@ class SessionRecord:
     since_ms: int = 0
     deleted: bool = False
     subscriptions: dict[str, int] = field(default_factory=dict)
+    client_connect_hlc: int = 0
+
+    @property
+    def client_connect(self) -> int:
+        """The connect HLC of the client's own last connection."""
+        return self.client_connect_hlc or self.connect_hlc
 
     @property
     def version(self) -> Version:

@@ -441,9 +441,10 @@ class SessionRegistry:
                 "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
 
     def latest_connect(self, client: str) -> int | None:
-        """The connect HLC of `client`'s latest connection known anywhere (None: none)."""
+        """The connect HLC of `client`'s latest connection known anywhere (None: none); a
+        drain's hand-off of its session is not one."""
         record = self.records.get(client)
-        return None if record is None else record.connect_hlc
+        return None if record is None else record.client_connect
 
     def replica_nodes(self, client: str, owner: str) -> list[str]:
         """The nodes besides `owner` that hold a replica of `client`'s session, as this node
@@ -481,7 +482,7 @@ class SessionRegistry:
             self.counters["handed_off"] += 1
             hlc = self.clock.now(now_ms).pack()
             out += self._store(replace(record, owner=target, connect_hlc=hlc, change_hlc=hlc,
-                                       fresh=False))
+                                       fresh=False, client_connect_hlc=record.client_connect))
             out += self._settle(client, now_ms)
         return out
 

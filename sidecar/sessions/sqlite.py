@@ -23,9 +23,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     online INTEGER NOT NULL,
     since_ms INTEGER NOT NULL,
     deleted INTEGER NOT NULL,
-    subscriptions TEXT NOT NULL
+    subscriptions TEXT NOT NULL,
+    client_connect_hlc INTEGER NOT NULL DEFAULT 0
 )
 """
+_COLUMNS = ("client, owner, connect_hlc, change_hlc, protocol, expiry, fresh, online, since_ms, "
+            "deleted, subscriptions, client_connect_hlc")
 
 
 class SqliteSessionStore:
@@ -33,23 +36,25 @@ class SqliteSessionStore:
 
     def __init__(self, path: Path) -> None:
         self._db = open_db(path, _SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
+        if "client_connect_hlc" not in columns:  # a store written before session 10
+            self._db.execute("ALTER TABLE sessions ADD COLUMN client_connect_hlc INTEGER "
+                             "NOT NULL DEFAULT 0")
 
     def load(self) -> list[SessionRecord]:
-        rows = self._db.execute("SELECT client, owner, connect_hlc, change_hlc, protocol, "
-                                "expiry, fresh, online, since_ms, deleted, subscriptions "
-                                "FROM sessions")
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM sessions")
         return [SessionRecord(c, o, ch, vh, p, e, bool(f), bool(on), s, bool(d),
-                              dict(json.loads(subs)))
-                for c, o, ch, vh, p, e, f, on, s, d, subs in rows]
+                              dict(json.loads(subs)), cc)
+                for c, o, ch, vh, p, e, f, on, s, d, subs, cc in rows]
 
     def save(self, records: Iterable[SessionRecord]) -> None:
         rows = [(r.client, r.owner, r.connect_hlc, r.change_hlc, r.protocol, r.expiry,
                  int(r.fresh), int(r.online), r.since_ms, int(r.deleted),
-                 json.dumps(r.subscriptions)) for r in records]
+                 json.dumps(r.subscriptions), r.client_connect_hlc) for r in records]
         if rows:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO sessions VALUES "
-                                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES "
+                                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
 
     def forget(self, clients: Iterable[str]) -> None:

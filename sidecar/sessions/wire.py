@@ -16,7 +16,7 @@ def record_to_proto(r: SessionRecord) -> peer_pb2.SessionRecord:
     return peer_pb2.SessionRecord(
         client=r.client, owner=r.owner, connect_hlc=r.connect_hlc, change_hlc=r.change_hlc,
         protocol=r.protocol, session_expiry=r.expiry, fresh=r.fresh, online=r.online,
-        since_ms=r.since_ms, deleted=r.deleted,
+        since_ms=r.since_ms, deleted=r.deleted, client_connect_hlc=r.client_connect_hlc,
         subscriptions=[_subscription(f, Subscription.unpack(v))
                        for f, v in r.subscriptions.items()])
 
@@ -33,7 +33,7 @@ def record_from_proto(m: peer_pb2.SessionRecord) -> SessionRecord:
         m.session_expiry if m.HasField("session_expiry") else None, m.fresh, m.online,
         m.since_ms, m.deleted,
         {s.filter: Subscription(s.qos, s.no_local, s.retain_as_published, s.identifier).pack()
-         for s in m.subscriptions})
+         for s in m.subscriptions}, m.client_connect_hlc)
 
 
 def records_frames(records: Iterable[SessionRecord], snapshot: bool = False) -> Iterator[bytes]:

@@ -19,6 +19,8 @@ def test_an_offline_session_goes_to_its_replica_with_the_owner_queue_drained_the
     rep = online_with_replica(c)
     c.disconnect("n1", "dev")
     since = c.nodes["n1"].records["dev"].since_ms
+    client_connect = c.nodes["n1"].records["dev"].connect_hlc
+    assert c.nodes["n1"].latest_connect("dev") == client_connect
     drains(c, "n1")
     c.take("n1", Drain)
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
@@ -26,6 +28,9 @@ def test_an_offline_session_goes_to_its_replica_with_the_owner_queue_drained_the
         record = c.nodes[node].records["dev"]
         assert (record.owner, record.online, record.since_ms, record.fresh) == (
             rep, False, since, False)
+        # a hand-off is no connect of the client: its delayed will still fires (wills)
+        assert record.connect_hlc > client_connect == record.client_connect_hlc
+        assert c.nodes[node].latest_connect("dev") == client_connect
     # the copy on n1 goes to the replica after a barrier, as when the client moves
     assert c.take("n1", Drain) == [Drain("dev", rep, ("a/#",))]
     assert c.nodes[rep].counters["adopted"] == 1 and "dev" not in c.nodes[rep].replica
