@@ -185,7 +185,7 @@ class SessionRegistry:
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
-        "handed_off": 0, "adopted": 0})
+        "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -629,7 +629,7 @@ class SessionRegistry:
             live = [n for n in self.replica_nodes(client, self.node_id) if n in self.up]
             if live:
                 self.handed_off[client] = record.connect_hlc
-                self.counters["handed_off"] += 1
+                self.counters["lost_handed_to_replica"] += 1
                 since = record.since_ms if not record.online else now_ms - RESTART_LOOKBACK_MS
                 return self._store(replace(record, owner=live[0], online=False,
                                            since_ms=since,
