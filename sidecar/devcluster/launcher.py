@@ -216,6 +216,7 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
     state.etcd = etcd.start(etcd_bin, lay, state.cluster)
     save(state)
     _wait(lambda: etcd.healthy(lay), state.etcd, "etcd", etcd.log_path(lay), opts.timeout)
+    etcd.enable_auth(lay, state.cluster, opts.timeout)
     for i in range(1, opts.nodes + 1):  # all known first: each node's peer list names them
         node = NodeRecord(node_id(i), i, lay.node_ports(i))
         state.nodes[node.id] = node
