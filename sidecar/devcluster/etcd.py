@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def find_etcd() -> str | None:
 
 
 def argv(binary: str, layout: Layout, cluster: str) -> list[str]:
-    """etcd's command line: one member named after the cluster, loopback only."""
+    """etcd's command line: one member named after the cluster, loopback only; its session
+    tokens are JWTs signed with the key pair in its folder when there is one (`jwt_keys`),
+    else etcd's simple tokens."""
     client = f"http://{HOST}:{layout.etcd_client_port}"
     peer = f"http://{HOST}:{layout.etcd_peer_port}"
     name = f"{cluster}-etcd"
@@ -45,13 +48,48 @@ def argv(binary: str, layout: Layout, cluster: str) -> list[str]:
         "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
         "--initial-cluster-token", f"{cluster}-{layout.base_port}",
         "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
+        *_token_args(layout),
     ]
+
+
+def _jwt_paths(layout: Layout) -> tuple[Path, Path]:
+    return layout.etcd_dir / "jwt.key", layout.etcd_dir / "jwt.pub"
+
+
+def jwt_keys(layout: Layout) -> bool:
+    """An RSA key pair for etcd's JWT session tokens, made by `openssl` (False without it).
+
+    A restarted etcd forgets its simple tokens (their default), and holds a call that carries
+    one until its raft index passes the one the token names: its clients' calls then time
+    out instead of failing as unauthenticated, and a node does not renew its session. A JWT
+    stays valid across a restart (for its TTL)."""
+    key, pub = _jwt_paths(layout)
+    if key.exists() and pub.exists():
+        return True
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return False
+    layout.etcd_dir.mkdir(parents=True, exist_ok=True)
+    for args in (["genrsa", "-out", str(key), "2048"],
+                 ["rsa", "-in", str(key), "-pubout", "-out", str(pub)]):
+        done = subprocess.run([openssl, *args], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise ClusterError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+    return True
+
+
+def _token_args(layout: Layout) -> list[str]:
+    key, pub = _jwt_paths(layout)
+    if not (key.exists() and pub.exists()):
+        return []
+    return ["--auth-token", f"jwt,pub-key={pub},priv-key={key},sign-method=RS256,ttl=1h"]
 
 
 def start(binary: str, layout: Layout, cluster: str) -> ProcRef:
     """Start etcd (ETCD_* variables of the caller are not passed on)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
     layout.etcd_dir.mkdir(parents=True, exist_ok=True)
+    jwt_keys(layout)
     _, ref = spawn(argv(binary, layout, cluster), layout.etcd_dir / "etcd.log",
                    markers=("etcd", str(layout.etcd_dir / "data")), env=env)
     return ref

@@ -138,6 +138,9 @@ def test_fuzzed_frames_from_an_authenticated_peer_do_no_harm(cluster: AdminClust
         assert _alive(n1["pid"])
         # the node still accepts a peer, routes both ways and locally
         assert peer.connect(incarnation=10**6).WhichOneof("body") == "welcome"
+        peer.send(_chosen_frames(int(time.time() * 1000))[1])  # valid and invalid interest
+        wait_for(lambda: ("fuzz", "ok/+") in _interest_filters(node_dir), 10,
+                 "the fake peer's valid filter in n1's interest table")
         port1, port2 = cluster.port("n1"), cluster.port("n2")
         for sub_port, pub_port in ((port2, port1), (port1, port2), (port1, port1)):
             assert _round_trip(sub_port, pub_port, f"check/{uuid.uuid4().hex}") == [b"ping"]
