@@ -20,7 +20,7 @@ class MessageProperties:
     message_expiry: int | None = None
 
 
-RESERVED_PREFIXES = ("$mqfed/", "$CONTROL/")
+RESERVED_PREFIXES = ("$mqfed/", "$CONTROL/mqfed")
 """Topics of the cluster's own traffic (the plugin reserves them): never a peer's message."""
 
 

@@ -48,9 +48,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _chosen_frames(now_ms: int) -> list[bytes]:
+def _chosen_frames(future_hlc: int) -> list[bytes]:
     """The attacks named in issue 16, sent whatever hypothesis draws."""
-    future = peer_pb2.RetainedEntry(topic=FUTURE_TOPIC, hlc=(now_ms + TEN_YEARS_MS) << 16,
+    future = peer_pb2.RetainedEntry(topic=FUTURE_TOPIC, hlc=future_hlc,
                                     origin_node="fuzz", payload=b"from the future", qos=1)
     entries = [peer_pb2.InterestEntry(filter=f) for f in ("a/#/b", "+x", "", "a\x00b", "#/a")]
     shared = [peer_pb2.InterestEntry(group=g, filter="x") for g in ("", "g/h", "g+", "g#")]
@@ -117,7 +117,8 @@ def test_fuzzed_frames_from_an_authenticated_peer_do_no_harm(cluster: AdminClust
     try:
         first = peer.connect()
         assert first.WhichOneof("body") == "welcome", first
-        for data in _chosen_frames(int(time.time() * 1000)):
+        future_hlc = (int(time.time() * 1000) + TEN_YEARS_MS) << 16
+        for data in _chosen_frames(future_hlc):
             peer.send(data)
 
         @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=not RANDOM,
@@ -138,7 +139,7 @@ def test_fuzzed_frames_from_an_authenticated_peer_do_no_harm(cluster: AdminClust
         assert _alive(n1["pid"])
         # the node still accepts a peer, routes both ways and locally
         assert peer.connect(incarnation=10**6).WhichOneof("body") == "welcome"
-        peer.send(_chosen_frames(int(time.time() * 1000))[1])  # valid and invalid interest
+        peer.send(_chosen_frames(future_hlc)[1])  # valid and invalid interest
         wait_for(lambda: ("fuzz", "ok/+") in _interest_filters(node_dir), 10,
                  "the fake peer's valid filter in n1's interest table")
         port1, port2 = cluster.port("n1"), cluster.port("n2")
@@ -160,6 +161,16 @@ def test_fuzzed_frames_from_an_authenticated_peer_do_no_harm(cluster: AdminClust
         # an authenticated peer is trusted with its writes (docs/security.md): its entry from
         # ten years ahead is held, and wins over a later real write of that topic
         assert read_retained(port1, FUTURE_TOPIC, quiet=0.2) == {FUTURE_TOPIC: b"from the future"}
+        reinjected = _state(node_dir)["routing"]["retained"]["reinjected"]
+        writer = Client(port1, "future-writer")
+        assert writer.wait_connected()
+        writer.publish(FUTURE_TOPIC, b"real", retain=True)
+        writer.close()
+        wait_for(lambda: _state(node_dir)["routing"]["retained"]["reinjected"] > reinjected,
+                 10, "n1 putting the entry from the future back over the real write")
+        wait_for(lambda: _retained_hlc(node_dir, FUTURE_TOPIC) == future_hlc
+                 and read_retained(port1, FUTURE_TOPIC, quiet=0.2)
+                 == {FUTURE_TOPIC: b"from the future"}, 15, "the entry from the future winning")
         # only valid filters ever reached the interest table (and Mosquitto)
         rows = _interest_filters(node_dir)
         bad = []
