@@ -20,7 +20,8 @@ NASTY_STRINGS = [
     "", "#", "+", "a/#/b", "+x", "x+", "a/b#", "a/+/b", "/", "//", "a\x00b", "\x00",
     "$share/g/a/#", "$share//a", "$share/g", "$share/g+/a", "$share/g/", "$SYS/x",
     "$mqfed/read-sentinel", "$CONTROL/mqfed", "mqfed-sidecar", "mqfed-sidecar.fwd",
-    "fuzz/ü/😀", "\u2028\ufeff", "\uffff", "n1", "n2", "fuzz", "a" * 70_000, "a/" * 5_000,
+    "fuzz/ü/😀", "\u2028\ufeff", "\uffff", "a\x01b", "\x7f", "a\x85", "\ufdd0", "n1", "n2",
+    "fuzz", "a" * 70_000, "a/" * 5_000,
 ]
 
 
