@@ -8,6 +8,7 @@ with ``$``; ``$share/<group>/<filter>`` is a shared subscription that matches li
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
@@ -17,6 +18,7 @@ __all__ = [
     "TopicError",
     "TopicTrie",
     "matches",
+    "mqtt_string_problem",
     "parse_filter",
     "validate_filter",
     "validate_topic",
@@ -36,20 +38,33 @@ def _show(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
-def _check_string(kind: str, text: str) -> None:
-    if not text:
-        raise TopicError(f"invalid {kind} '': must not be empty")
-    if "\0" in text:
-        at = text.index("\0")
-        raise TopicError(f"invalid {kind} {_show(text)}: contains U+0000 at index {at}")
+_REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\ufdd0-\ufdef" + "".join(
+    chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17)) + "]")
+"""What Mosquitto's UTF-8 check refuses besides encoding errors (it drops the connection
+that sends one): U+0000, control characters, non-characters."""
+
+
+def mqtt_string_problem(text: str) -> str | None:
+    """Why `text` cannot be an MQTT UTF-8 string that Mosquitto accepts (topic, filter, client
+    id, string property); None if it can. Empty strings are allowed here."""
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise TopicError(
-            f"invalid {kind} {_show(text)}: not encodable as UTF-8 at index {exc.start}"
-        ) from None
+        return f"not encodable as UTF-8 at index {exc.start}"
     if size > MAX_LENGTH:
-        raise TopicError(f"invalid {kind} {_show(text)}: {size} UTF-8 bytes, at most {MAX_LENGTH}")
+        return f"{size} UTF-8 bytes, at most {MAX_LENGTH}"
+    found = _REFUSED.search(text)
+    if found is not None:
+        return f"contains U+{ord(found.group()):04X} at index {found.start()}"
+    return None
+
+
+def _check_string(kind: str, text: str) -> None:
+    if not text:
+        raise TopicError(f"invalid {kind} '': must not be empty")
+    problem = mqtt_string_problem(text)
+    if problem is not None:
+        raise TopicError(f"invalid {kind} {_show(text)}: {problem}")
 
 
 def validate_topic(topic: str) -> None:

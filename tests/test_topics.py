@@ -12,6 +12,7 @@ from sidecar.topics import (
     TopicError,
     TopicTrie,
     matches,
+    mqtt_string_problem,
     parse_filter,
     validate_filter,
     validate_topic,
@@ -290,3 +291,21 @@ def test_validation_never_crashes(text: str) -> None:
             outcomes[check.__name__] = False
     if not text.startswith("$share/"):
         assert not outcomes["validate_topic"] or outcomes["validate_filter"], text
+
+
+@pytest.mark.parametrize("text", ["a\x01b", "a\x1f", "a\x7f", "a\x85", "a\ufdd0", "\uffff",
+                                  "a\U0001fffe", "a\x00", "a\ud800"])
+def test_strings_mosquitto_refuses_are_invalid(text: str) -> None:
+    """Mosquitto drops a connection that sends one of these (control characters,
+    non-characters, U+0000, lone surrogates): a peer must not make the sidecar send them."""
+    assert mqtt_string_problem(text) is not None
+    with pytest.raises(TopicError):
+        validate_topic(text)
+    with pytest.raises(TopicError):
+        validate_filter(text + "/#")
+
+
+def test_strings_mosquitto_accepts_are_valid() -> None:
+    for text in ("", "a/b", "fuzz/ü/😀", "\u2028", "\ufeff", "\ufdcf", "\ufdf0", "\ufffd"):
+        assert mqtt_string_problem(text) is None, text
+    assert mqtt_string_problem("a" * 65_536) == "65536 UTF-8 bytes, at most 65535"

@@ -144,7 +144,9 @@ def _describe(state: ClusterState) -> str:
     front, run_dir = lay.front_port, lay.run_dir
     lines = [f"mqfed cluster '{state.cluster}' (run dir {run_dir})",
              f"  front (HAProxy, round robin)  {addr(front)}",
-             f"  etcd                          {addr(lay.etcd_client_port)}"]
+             f"  etcd                          {addr(lay.etcd_client_port)}  (user mqfed,"
+             f" password in {lay.etcd_password_path}; root's in"
+             f" {lay.etcd_root_password_path.name})"]
     for node in sorted(state.nodes.values(), key=lambda n: n.index):
         p, h = node.ports, node.host
         where = (f"MQTT {h}:{p.mqtt}  gRPC {h}:{p.grpc}  admin {h}:{p.admin}  "

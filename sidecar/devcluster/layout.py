@@ -3,6 +3,7 @@
 Port layout for base port P: front (HAProxy) P; node i (1..99): MQTT P+i, gRPC P+100+i,
 admin P+200+i, metrics P+300+i; etcd client P+400, etcd peer P+401.
 Run-dir layout: `cluster.json` (launcher state), `lock`, `admin-token`, `peer-token`,
+`etcd-password`, `etcd-root-password`,
 `etcd/` (data + log), `haproxy/` (config, admin socket, log), `nodes/<id>/` (node.toml,
 node.log, the node's files).
 """
@@ -116,6 +117,17 @@ class Layout:
         """The cluster's peer token (0600): every node presents and requires it on peer
         streams."""
         return self.run_dir / "peer-token"
+
+    @property
+    def etcd_password_path(self) -> Path:
+        """The password (0600) of etcd user `mqfed`, which the nodes use (read and write on
+        /<cluster>/ only)."""
+        return self.run_dir / "etcd-password"
+
+    @property
+    def etcd_root_password_path(self) -> Path:
+        """The password (0600) of etcd's `root` user (administration of the dev etcd)."""
+        return self.run_dir / "etcd-root-password"
 
     def node_dir(self, ident: str) -> Path:
         return self.nodes_dir / ident

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import render_toml
+from sidecar.devcluster import etcd
 from sidecar.devcluster.layout import Layout
 from sidecar.devcluster.procs import ProcRef, find, identify, kill, spawn, stop
 from sidecar.devcluster.state import ClusterState, NodeRecord
@@ -33,7 +34,9 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
                  "token_file": str(lay.peer_token_path)},
         "admin": {"listen": f"{host}:{ports.admin}", "metrics": f"{host}:{ports.metrics}",
                   "token": "", "token_file": str(lay.admin_token_path)},
-        "membership": {"mode": "etcd", "etcd": [f"{state.etcd_host}:{lay.etcd_client_port}"]},
+        "membership": {"mode": "etcd", "etcd": [f"{state.etcd_host}:{lay.etcd_client_port}"],
+                       "etcd_user": etcd.USER, "etcd_password": "",
+                       "etcd_password_file": str(lay.etcd_password_path)},
     }
     if state.log_level:
         out["log"] = {"level": state.log_level}

@@ -128,7 +128,10 @@ async def dial(
                 f"{address} ended the stream without answering Hello"
                 f" ({(await call.code()).name}: {await call.details()})"
             )
-        frame: peer_pb2.Frame = item[1]
+        frame: peer_pb2.Frame | None = item[1]
+        if frame is None:
+            raise DialError(f"{address} answered Hello with bytes that are not a Frame: is it"
+                            " a mqfed peer port?")
         kind = frame.WhichOneof("body")
         if kind == "refuse":
             raise PeerRefused(frame.refuse, by_peer=True)

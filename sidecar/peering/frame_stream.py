@@ -155,6 +155,9 @@ class FrameStream:
             self._last_rx = loop.time()
             counters.frames_in += 1
             counters.bytes_in += size
+            if frame is None:
+                self.close(wire.NOT_A_FRAME)
+                return self.reason
             kind = frame.WhichOneof("body")
             if kind == "heartbeat":
                 continue

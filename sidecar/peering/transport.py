@@ -574,7 +574,9 @@ class PeerTransport:
                                 " Hello first (is the client a mqfed sidecar?)")
         if item is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream ended before Hello")
-        frame: peer_pb2.Frame = item[1]
+        frame: peer_pb2.Frame | None = item[1]
+        if frame is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wire.NOT_A_FRAME)
         kind = frame.WhichOneof("body")
         if kind != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,

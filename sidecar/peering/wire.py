@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from google.protobuf.message import DecodeError
+
 from sidecar._proto import peer_pb2
 from sidecar.peering.handshake import Hello, Refuse
 
@@ -19,9 +21,17 @@ KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
-def decode(data: bytes) -> tuple[int, peer_pb2.Frame]:
-    """gRPC deserializer: the frame and its size on the wire (for the byte counters)."""
-    return len(data), Frame.FromString(data)
+def decode(data: bytes) -> tuple[int, peer_pb2.Frame | None]:
+    """gRPC deserializer: the frame and its size on the wire (for the byte counters); None
+    for bytes that are not a Frame (the reader ends the stream with a clear reason: raised
+    here, the error would end it inside gRPC with none)."""
+    try:
+        return len(data), Frame.FromString(data)
+    except DecodeError:
+        return len(data), None
+
+
+NOT_A_FRAME = "the peer sent bytes that are not a peer.proto Frame (a bug or an attack)"
 
 
 def encode(frame: peer_pb2.Frame | bytes) -> bytes:

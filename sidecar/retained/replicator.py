@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sidecar.hlc import ClockDriftError, HybridClock, Timestamp
-from sidecar.message import MessageProperties
+from sidecar.message import MessageProperties, publish_problem
 from sidecar.retained.entry import RetainedEntry
 from sidecar.retained.index import RetainedIndex
 
@@ -96,6 +96,20 @@ def _bare(props: MessageProperties) -> MessageProperties:
     return replace(props, message_expiry=None) if props.message_expiry is not None else props
 
 
+MAX_HLC = (1 << 63) - 1
+"""The highest HLC a node stores (SQLite integers are signed 64-bit; wall_ms << 16 reaches it
+in the year 4400)."""
+
+
+def invalid(entry: RetainedEntry) -> str | None:
+    """Why an entry from a peer is refused (no node makes one like it); None if it is not."""
+    if not 0 < entry.hlc <= MAX_HLC:
+        return f"HLC {entry.hlc} outside 1..{MAX_HLC}"
+    if not entry.origin:
+        return "no origin node"
+    return publish_problem(entry.topic, entry.qos, entry.properties)
+
+
 @dataclass
 class _Topic:
     """Per-topic serialisation state."""
@@ -121,7 +135,8 @@ class Replicator:
         self._topics: dict[str, _Topic] = {}
         self._token = 0
         self.counters = {"local_accepted": 0, "local_overwritten": 0, "remote_applied": 0,
-                         "remote_stale": 0, "reinjected": 0, "clock_drift": 0}
+                         "remote_stale": 0, "reinjected": 0, "clock_drift": 0,
+                         "remote_invalid": 0}
         if index.max_hlc():
             self._observe(index.max_hlc(), 0)
 
@@ -218,10 +233,14 @@ class Replicator:
     def on_remote(self, entries: Sequence[RetainedEntry], wall_ms: int,
                   live: bool = True) -> list[Action]:
         """Entries from a peer: `live` replication (always delivered to live subscribers when
-        they win) or anti-entropy (re-injected only if Mosquitto's content changes)."""
+        they win) or anti-entropy (re-injected only if Mosquitto's content changes). Entries
+        no node makes (`invalid`) are dropped and counted (`remote_invalid`)."""
         actions: list[Action] = []
         stored: list[RetainedEntry] = []
         for entry in entries:
+            if invalid(entry) is not None:
+                self.counters["remote_invalid"] += 1
+                continue
             self._observe(entry.hlc, wall_ms)
             state = self._topics.get(entry.topic)
             if state is not None and (state.writes or state.reading):

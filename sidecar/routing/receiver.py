@@ -61,7 +61,7 @@ class Receiver:
     members: RoundRobin[str] = field(default_factory=RoundRobin)
     counters: dict[str, int] = field(default_factory=lambda: {
         "received": 0, "duplicates": 0, "reinjected": 0, "shared_delivered": 0,
-        "shared_rejected": 0})
+        "shared_rejected": 0, "invalid": 0})
     ack_due: float | None = None
     """When the lingering acks must leave (None: none wait); call `on_timer` then."""
     _acks: dict[str, list[Ack]] = field(default_factory=dict)
@@ -85,6 +85,14 @@ class Receiver:
             self.counters["reinjected"] += 1
             return Reinject(peer, env)
         return DeliverShared(peer, env, self.pick_member(env, members))
+
+    def refuse(self, peer: str, env: Envelope, now: float) -> list[Action]:
+        """An accepted envelope that cannot be published here (`sidecar.message.
+        publish_problem`): it goes no further, and its origin is told not to resend it."""
+        self.counters["invalid"] += 1
+        if not env.qos:
+            return []
+        return self._ack(peer, env.origin_incarnation, env.origin_seq, ACK_REJECTED, now)
 
     def pick_member(self, env: Envelope, members: list[str]) -> str | None:
         """One local member of the envelope's shared group, round robin."""

@@ -24,6 +24,7 @@ from sidecar.hlc import HybridClock, MessageId
 from sidecar.local.events import RetainedSeen
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
+from sidecar.message import publish_problem
 from sidecar.observability.hops import HopRecorder, hops_folder
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
@@ -164,6 +165,7 @@ class RoutingService(CatchUpWiring):
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
                           "too_large": 0}
         self._too_large_logged = -TOO_LARGE_LOG_EVERY
+        self._invalid_logged = -TOO_LARGE_LOG_EVERY
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
         self.peer_received: dict[str, int] = {}
         self.hop_latency = LatencyHistogram()  # origin HLC -> received here
@@ -698,6 +700,11 @@ class RoutingService(CatchUpWiring):
             self.hop_latency.observe(now_ms - (msg.hlc >> 16))
             trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
             env = peer_frames.decode_envelope(msg)
+            problem = publish_problem(env.topic, env.qos, env.properties)
+            if problem is not None:
+                self._run_receive(receiver.refuse(peer, env, now))
+                self._log_invalid(peer, problem, now)
+                continue
             members = (self.shared_members(env.shared_group, env.shared_filter)
                        if env.shared_group is not None else [])
             action = receiver.route(peer, env, members)
@@ -715,6 +722,15 @@ class RoutingService(CatchUpWiring):
                 self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
                 if env.qos:
                     self.tracer.expect_ack(ticket, trace)
+
+    def _log_invalid(self, peer: str, problem: str, now: float) -> None:
+        """A peer sent a message no node would send (at most one warning per
+        TOO_LARGE_LOG_EVERY seconds; counted in the receiver's `invalid`)."""
+        if now - self._invalid_logged >= TOO_LARGE_LOG_EVERY:
+            self._invalid_logged = now
+            log.warning("refused a message from a peer that cannot be published here: %s",
+                        problem, extra={"peer": peer,
+                                        "invalid": self.receiver.counters["invalid"]})
 
     def _trace_received(self, peer: str, msg: peer_pb2.Envelope, now_ms: float) -> str | None:
         trace = trace_id((p.key, p.value) for p in msg.user_properties)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from sidecar.peering import wire
 from sidecar.peering.frame_stream import Counters, FrameStream
 
 
@@ -45,5 +46,29 @@ def test_busy_and_drained_follow_the_writes() -> None:
         assert written[-1] == b"f3" and drained == [3, 4] and not stream.busy
         stream.close("done")
         await task
+
+    asyncio.run(main())
+
+
+def test_bytes_that_are_not_a_frame_end_the_stream_with_a_clear_reason() -> None:
+    """Found by fuzzing: raised by the gRPC deserializer, a decoding error ended the stream
+    inside gRPC (a traceback in the log, no reason); now the reader ends it itself."""
+    async def main() -> None:
+        items = [wire.decode(b"\x0a\x05\xff"), wire.decode(wire.heartbeat_frame())]
+        assert items[0] == (3, None)
+        frames: list = []
+        closed: list[str] = []
+
+        async def read():
+            return items.pop(0) if items else await asyncio.Event().wait()
+
+        async def write(data: bytes) -> None:
+            return None
+
+        stream = FrameStream("p", True, read, write, on_frame=lambda *a: frames.append(a),
+                             on_closed=lambda s, reason: closed.append(reason),
+                             counters=Counters(), heartbeat_interval=60, dead_after=120)
+        assert await stream.run() == wire.NOT_A_FRAME
+        assert closed == [wire.NOT_A_FRAME] and stream.closed_locally and frames == []
 
     asyncio.run(main())

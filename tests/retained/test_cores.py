@@ -343,3 +343,25 @@ def test_the_store_forgets_purged_rows(tmp_path: Path) -> None:
     store.forget([old, RetainedEntry("u", _wall(9), "n1", deleted=True)])  # u: another version
     assert [e.topic for e in store.load()] == ["u"]
     store.close()
+
+
+def test_entries_no_node_makes_are_dropped_and_counted() -> None:
+    """A peer's entry Mosquitto would refuse (or drop the sidecar's connection for), with an
+    HLC SQLite cannot hold, or without an origin, changes nothing (found by fuzzing)."""
+    rep = _replicator()
+    bad = [RetainedEntry("a/+", T0 << 16, "n2", b"x"), RetainedEntry("", T0 << 16, "n2", b"x"),
+           RetainedEntry("a\x01", T0 << 16, "n2", b"x"),
+           RetainedEntry("$mqfed/read-sentinel", T0 << 16, "n2"),
+           RetainedEntry("t", T0 << 16, "n2", b"x", qos=3),
+           RetainedEntry("t", 1 << 63, "n2", b"x"), RetainedEntry("t", 0, "n2", b"x"),
+           RetainedEntry("t", T0 << 16, "", b"x"),
+           RetainedEntry("t", T0 << 16, "n2", b"x", properties=MessageProperties(
+               correlation_data=b"c" * 70_000)),
+           RetainedEntry("t", T0 << 16, "n2", b"x", properties=MessageProperties(
+               response_topic="r/#")),
+           RetainedEntry("t", T0 << 16, "n2", b"x", properties=MessageProperties(
+               user=(("k", "\uffff"),)))]
+    assert rep.on_remote(bad, T0) == []
+    assert rep.counters["remote_invalid"] == len(bad) and len(rep.index) == 0
+    good = RetainedEntry("t", T0 << 16, "n2", b"x")
+    assert rep.on_remote([good], T0)[0] == Persist((good,))

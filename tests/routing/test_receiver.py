@@ -92,3 +92,11 @@ def test_shared_picks_rotate_over_members_and_a_failure_is_rejected_to_the_origi
     r.on_shared_result("n2", env(2, group="g"), False, 0.0)
     assert acks(r.on_timer(1.0)) == {"n2": [(7, 1, ACK_OK), (7, 2, ACK_REJECTED)]}
     assert r.counters["shared_delivered"] == 1 and r.counters["shared_rejected"] == 1
+
+
+def test_a_message_that_cannot_be_published_is_refused_and_not_resent():
+    """Found by fuzzing peer frames: a wildcard topic made the re-injection raise."""
+    r = Receiver()
+    assert r.refuse("n2", env(1), 0.0) == [] and r.counters["invalid"] == 1
+    assert acks(r.on_timer(1.0)) == {"n2": [(7, 1, ACK_REJECTED)]}
+    assert r.refuse("n2", env(2, qos=0), 2.0) == [] and r.ack_due is None

@@ -56,6 +56,20 @@ def base_port(nodes: int = 4) -> int:
     raise RuntimeError("no free port range found")
 
 
+def etcd_membership(info: dict) -> dict[str, object]:
+    """`[membership]` settings that reach the etcd of a `mqfed up` cluster (`info`: its
+    `--json`): it requires authentication (user `mqfed`, the run dir's password file)."""
+    return {"mode": "etcd", "etcd": info["etcd"], "etcd_user": info["etcd_user"],
+            "etcd_password_file": info["etcd_password_file"]}
+
+
+def etcdctl_env(info: dict) -> dict[str, str]:
+    """The environment of an `etcdctl` run against that etcd (v3 API, as user `mqfed`)."""
+    password = Path(info["etcd_password_file"]).read_text().strip()
+    return {"ETCDCTL_API": "3", "ETCDCTL_USER": f"{info['etcd_user']}:{password}",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
 def processes_of(run_dir: Path) -> list[ProcRef]:
     """Every live process whose argv mentions `run_dir`."""
     return find(str(run_dir))

@@ -13,7 +13,7 @@ import time
 from sidecar.config import render_toml
 from sidecar.procinfo import cmdline, pid_alive
 from tests.harness.procs import ManagedProcess, free_port, wait_for
-from tests.system.cluster.conftest import REPO, mqfed
+from tests.system.cluster.conftest import REPO, etcd_membership, etcdctl_env, mqfed
 from tests.system.node.mqtt import Client
 
 
@@ -68,13 +68,12 @@ def test_graceful_leave_drops_its_interest_at_once(cluster_factory):
 
 def test_duplicate_node_id_is_refused(cluster_factory, tmp_path):
     cluster = cluster_factory(3)
-    etcd = cluster.info["etcd"]
     values = {
         "node": {"id": "n2", "run_dir": str(tmp_path / "imposter")},
         "mqtt": {"listen": f"127.0.0.1:{free_port()}"},
         "grpc": {"listen": f"127.0.0.1:{free_port()}"},
         "admin": {"listen": f"127.0.0.1:{free_port()}", "metrics": ""},
-        "membership": {"mode": "etcd", "etcd": etcd},
+        "membership": etcd_membership(cluster.info),
     }
     path = tmp_path / "n2.toml"
     path.write_text(render_toml(values))
@@ -121,7 +120,8 @@ def test_etcd_down_30s_under_traffic_disconnects_nobody(cluster_factory):
         def registered() -> bool:
             out = subprocess.run(["etcdctl", "--endpoints", cluster.info["etcd"][0], "get",
                                   "--prefix", "/mqfed/nodes/", "--keys-only"],
-                                 capture_output=True, text=True, env={"ETCDCTL_API": "3"})
+                                 capture_output=True, text=True,
+                                 env=etcdctl_env(cluster.info))
             return sum(1 for line in out.stdout.splitlines() if line.strip()) == 3
         wait_for(registered, 30, "all three nodes registered again")
         pub.publish("e/after", b"after", qos=1)

@@ -12,7 +12,7 @@ import time
 from sidecar.config import render_toml
 from tests.harness.procs import ManagedProcess, free_port, wait_for
 from tests.harness.proxy import CuttableProxy
-from tests.system.cluster.conftest import REPO, mqfed
+from tests.system.cluster.conftest import REPO, etcd_membership, etcdctl_env, mqfed
 from tests.system.node.mqtt import Client
 from tests.system.routing.traffic import SteadyPublisher, check_contiguous, check_sequence, values
 
@@ -42,7 +42,8 @@ def _stream_up(cluster, node: str, peer: str) -> bool:
 def _etcd_keys(cluster) -> set[str]:
     out = subprocess.run(["etcdctl", "--endpoints", cluster.info["etcd"][0], "get", "--prefix",
                           "/mqfed/nodes/", "--keys-only"],
-                         capture_output=True, text=True, env={"ETCDCTL_API": "3"}, timeout=10)
+                         capture_output=True, text=True, env=etcdctl_env(cluster.info),
+                         timeout=10)
     return {line.rpartition("/")[2] for line in out.stdout.split() if line.strip()}
 
 
@@ -189,7 +190,7 @@ def _start_node_via(cluster, node: str, etcd: str) -> tuple[ManagedProcess, int]
         "grpc": {"listen": f"127.0.0.1:{free_port()}",
                  "token_file": str(cluster.run_dir / "peer-token")},  # the cluster's secret
         "admin": {"listen": f"127.0.0.1:{free_port()}", "metrics": ""},
-        "membership": {"mode": "etcd", "etcd": [etcd]},
+        "membership": {**etcd_membership(cluster.info), "etcd": [etcd]},
     }
     config = run_dir / "node.toml"
     config.write_text(render_toml(settings))

@@ -41,10 +41,17 @@ def _etcd(cluster: AdminCluster) -> tuple[str, int]:
     return host, int(port)
 
 
+def _credentials(cluster: AdminCluster) -> dict[str, str]:
+    """The etcd user of the nodes: `mqfed up` runs etcd with authentication on."""
+    password = Path(cluster.info["etcd_password_file"]).read_text().strip()
+    return {"username": cluster.info["etcd_user"], "password": password}
+
+
 def _put(cluster: AdminCluster, key: str, value: bytes | None) -> None:
+    """Write (None: delete) `key` as the nodes' etcd user: whoever can write to etcd."""
     async def go() -> None:
         host, port = _etcd(cluster)
-        async with aetcd.Client(host, port, timeout=5) as client:
+        async with aetcd.Client(host, port, timeout=5, **_credentials(cluster)) as client:
             if value is None:
                 await client.delete(key.encode())
             else:
@@ -54,6 +61,49 @@ def _put(cluster: AdminCluster, key: str, value: bytes | None) -> None:
 
 def _token(cluster: AdminCluster, name: str) -> bytes:
     return (cluster.run_dir / name).read_text().strip().encode()
+
+
+def test_the_dev_etcd_refuses_clients_without_credentials(cluster: AdminCluster) -> None:
+    """`mqfed up`'s etcd has authentication on: without the run dir's password nobody reads
+    or writes the membership, while the nodes (user `mqfed`) keep theirs."""
+    prefix = f"/{cluster.info['cluster']}/nodes/".encode()
+    password_file = Path(cluster.info["etcd_password_file"])
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+
+    async def go(**credentials: str) -> tuple[list[str], list[str]]:
+        """What succeeded and what was refused (and how)."""
+        host, port = _etcd(cluster)
+        done: list[str] = []
+        refused: list[str] = []
+        try:
+            async with aetcd.Client(host, port, timeout=5, **credentials) as client:
+                for name, attempt in (
+                        ("read", lambda: client.get_prefix(prefix)),
+                        ("write", lambda: client.put(prefix + b"intruder", b"{}")),
+                        ("delete", lambda: client.delete(prefix + b"n1"))):
+                    try:
+                        await attempt()
+                        done.append(name)
+                    except aetcd.exceptions.ClientError as exc:
+                        refused.append(f"{name}: {type(exc).__name__}: {exc}"[:120])
+        except aetcd.exceptions.ClientError as exc:
+            refused.append(f"connect: {type(exc).__name__}: {exc}"[:120])
+        return done, refused
+
+    done, refused = asyncio.run(go())
+    assert done == [] and len(refused) == 3, (done, refused)
+    done, wrong = asyncio.run(go(username="mqfed", password="guess"))
+    assert done == [] and wrong, (done, wrong)
+
+    async def registered() -> list[bytes]:
+        host, port = _etcd(cluster)
+        async with aetcd.Client(host, port, timeout=5, **_credentials(cluster)) as client:
+            return sorted(kv.key for kv in await client.get_prefix(prefix))
+
+    assert asyncio.run(registered()) == [prefix + b"n1", prefix + b"n2"]
+    status = cluster.ctl("--json", "status", "--node", "n1", "--node", "n2")
+    assert status.code == 0, status.err
+    print(f"refused without credentials: {refused}; with a wrong password: {wrong}")
 
 
 def test_a_forged_membership_record_gets_no_token(cluster: AdminCluster) -> None:
