@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 APT_PACKAGES := mosquitto mosquitto-dev libmosquitto-dev mosquitto-clients libcjson-dev \
 	etcd-server etcd-client haproxy valgrind gcc make python3-venv openjdk-17-jre-headless openssl \
-	debootstrap docker-compose chromium $(if $(shell command -v dockerd),,docker.io)
+	debootstrap docker-compose chromium prometheus $(if $(shell command -v dockerd),,docker.io)
 # docker.io only where no Docker engine is installed (it conflicts with Docker CE's packages)
 DEMO_NODES ?= 3
 DEMO_PORT ?= 1883

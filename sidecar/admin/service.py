@@ -10,6 +10,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from sidecar.admin.answers import Answers
@@ -94,11 +95,19 @@ class AdminService:
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(NodeCollector(self.node, self.version))
+        # CPU, memory and file descriptors: process_* (this sidecar) and
+        # mqfed_mosquitto_process_* (its Mosquitto; none while it is not running)
+        ProcessCollector(registry=registry)
+        ProcessCollector("mqfed_mosquitto", self._mosquitto_pid, registry=registry)
         cfg = self.node.config
         access = page_access(self.token, listen, cfg["admin"]["status_page_open_on_loopback"])
         pages = StatusPage(lambda: self.grpc, access, cfg.node_id, cfg.cluster)
         self.http = MetricsServer(listen, registry, self._facts, pages)
         await self.http.start()
+
+    def _mosquitto_pid(self) -> str:
+        broker = self.node.broker
+        return str(broker.pid) if broker is not None and broker.pid else "-"  # "-": no such pid
 
     async def _start_grpc(self) -> None:
         assert self.directory is not None, "prepare() first"

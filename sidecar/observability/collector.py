@@ -200,6 +200,9 @@ class NodeCollector(Collector):
                         "spilled).", ["peer"])
         qbytes = _gauge("queue_bytes", "Bytes queued for a peer.", ["peer"])
         qflight = _gauge("queue_in_flight", "Messages sent to a peer, not acked yet.", ["peer"])
+        spilled = _gauge("queue_spilled_messages", "Messages queued for a peer that are in its "
+                         "spill file (not acked within 0.5 s, or the peer is down).", ["peer"])
+        spilled_bytes = _gauge("queue_spilled_bytes", "Bytes in a peer's spill file.", ["peer"])
         sframes = _gauge("stream_queued_frames", "Frames waiting to be written.", ["peer"])
         dropped = _counter("dropped", "Messages dropped, by reason.", ["reason"])
         for peer, st in r.transport.states().items():
@@ -221,6 +224,8 @@ class NodeCollector(Collector):
             qdepth.add_metric([peer], q.count())
             qbytes.add_metric([peer], q.bytes())
             qflight.add_metric([peer], q.in_flight)
+            spilled.add_metric([peer], q.spilled())
+            spilled_bytes.add_metric([peer], q.spilled_bytes())
             for reason, n in q.dropped.items():
                 queue_drops[reason] = queue_drops.get(reason, 0) + n
         c = r.counters
@@ -233,7 +238,7 @@ class NodeCollector(Collector):
                           *((f"queue_{k}", v) for k, v in sorted(queue_drops.items()))):
             dropped.add_metric([reason], n)
         yield from (sent, received, frames, nbytes, up, state, reconnects, qdepth, qbytes, qflight,
-                    sframes, dropped)
+                    spilled, spilled_bytes, sframes, dropped)
         yield CounterMetricFamily("mqfed_forwarded", "Local publishes forwarded to at least "
                                   "one peer.", value=r.forwarder.forwarded)
         yield CounterMetricFamily("mqfed_forward_resent", "Copies Mosquitto discarded for the "

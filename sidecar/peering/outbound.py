@@ -251,6 +251,14 @@ class OutboundQueue:
         """Data bytes queued (memory and store)."""
         return self.store.bytes() + self._mem_bytes
 
+    def spilled(self) -> int:
+        """Messages in the store (spilled: the peer was down or slow to ack)."""
+        return self.store.count()
+
+    def spilled_bytes(self) -> int:
+        """Data bytes in the store."""
+        return self.store.bytes()
+
     def unsent_in_memory(self) -> int:
         """Messages in memory not sent yet."""
         return len(self._unsent)

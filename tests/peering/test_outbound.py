@@ -53,6 +53,19 @@ def test_order_across_memory_and_spill(store):
     assert q.count() == 0 and q.bytes() == 0 and store.count() == 0
 
 
+def test_spilled_counts_what_is_in_the_store(store):
+    q = OutboundQueue(store, 1)
+    q.on_connected()
+    q.offer(1, data(1))
+    assert (q.spilled(), q.spilled_bytes()) == (0, 0)  # in memory only
+    q.on_disconnected()  # moved to the store
+    q.offer(2, data(2, size=20))  # straight to the store while down
+    assert (q.spilled(), q.spilled_bytes()) == (2, 30)
+    q.on_connected()
+    assert q.on_acked(seqs(drain(q))) == 2
+    assert (q.spilled(), q.spilled_bytes()) == (0, 0)
+
+
 def test_next_batch_limits(store):
     q = OutboundQueue(store, 1)
     q.on_connected()
