@@ -34,10 +34,11 @@ def values(state: ClusterState, node: NodeRecord) -> dict[str, dict[str, Any]]:
                  "token_file": str(lay.peer_token_path)},
         "admin": {"listen": f"{host}:{ports.admin}", "metrics": f"{host}:{ports.metrics}",
                   "token": "", "token_file": str(lay.admin_token_path)},
-        "membership": {"mode": "etcd", "etcd": [f"{state.etcd_host}:{lay.etcd_client_port}"],
-                       "etcd_user": etcd.USER, "etcd_password": "",
-                       "etcd_password_file": str(lay.etcd_password_path)},
+        "membership": {"mode": "etcd", "etcd": [f"{state.etcd_host}:{lay.etcd_client_port}"]},
     }
+    if state.netns is None:  # `mqfed up --netns` runs etcd without authentication
+        out["membership"].update(etcd_user=etcd.USER, etcd_password="",
+                                 etcd_password_file=str(lay.etcd_password_path))
     if state.log_level:
         out["log"] = {"level": state.log_level}
     return out

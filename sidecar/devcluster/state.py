@@ -93,7 +93,8 @@ class ClusterState:
             "cluster": self.cluster, "front": addr(lay.front_port),
             "etcd": [addr(lay.etcd_client_port)], "run_dir": str(lay.run_dir),
             "admin_token_file": str(lay.admin_token_path),
-            "etcd_user": "mqfed", "etcd_password_file": str(lay.etcd_password_path),
+            **({} if self.netns is not None else {
+                "etcd_user": "mqfed", "etcd_password_file": str(lay.etcd_password_path)}),
             "nodes": [n.entry(lay.node_dir(n.id))
                       for n in sorted(self.nodes.values(), key=lambda n: n.index)],
         }
