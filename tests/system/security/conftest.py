@@ -4,16 +4,12 @@ down by PID; and the plugin and node fixtures (a real Mosquitto with the mqfed p
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.system.admin.conftest import AdminCluster
-from tests.system.cluster.conftest import PLUGIN, base_port, cleanup, logs_of, mqfed
+from tests.system.cluster.conftest import detached_cluster
 from tests.system.node.conftest import nodes  # noqa: F401 (fixture)
 from tests.system.plugin.conftest import (  # noqa: F401 (fixtures)
     broker,
@@ -27,21 +23,5 @@ from tests.system.plugin.conftest import (  # noqa: F401 (fixtures)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[AdminCluster]:
-    if not PLUGIN.exists():
-        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
-    path = Path(tempfile.mkdtemp(prefix="mqfed-sec-", dir="/tmp"))
-    path.chmod(0o755)
-    ok = False
-    try:
-        result = mqfed("up", "--nodes", "2", "--detach", "--json", "--base-port",
-                       str(base_port(2)), "--run-dir", str(path), timeout=120)
-        assert result.returncode == 0, result.stderr + logs_of(path)
-        yield AdminCluster(path, json.loads(result.stdout))
-        ok = True
-    finally:
-        if not ok:
-            print(logs_of(path))
-        left = cleanup(path)
-        if ok and not left:
-            shutil.rmtree(path, ignore_errors=True)
-        assert not left, f"processes of {path} still running: {left}"
+    with detached_cluster("mqfed-sec-", nodes=2) as (path, info):
+        yield AdminCluster(path, info)
