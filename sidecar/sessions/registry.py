@@ -680,6 +680,11 @@ class SessionRegistry:
         if record is not None and record.owner == self.node_id and local == "session" \
                 and client in self.replica:
             out += self._adopt(client, record)
+        elif record is not None and record.owner == self.node_id and local == "session" \
+                and not self.held.get(client, (0, False))[1]:
+            # a copy made ahead of its client that a drain then handed here: it is the
+            # session now (it gets the old owner's queue), drained when its client moves on
+            self.held[client] = (record.connect_hlc, True)
         if client not in self.busy and client not in self.failed and record is not None \
                 and record.owner != self.node_id and local == "session":
             out += self._settle_copy(client, record, now_ms)

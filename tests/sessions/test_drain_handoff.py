@@ -88,3 +88,28 @@ def test_nothing_is_handed_off_when_no_other_node_is_up():
     drains(c, "n1")
     assert c.nodes["n1"].hand_off_all(c.now) == []
     assert c.nodes["n1"].drain_progress(c.now)["sessions_owned"] == 1
+
+
+def test_a_session_made_ahead_then_handed_here_is_drained_where_its_client_connects():
+    """Its client tried n2 (a session made there ahead of it) and went on; its draining owner
+    n1 then hands the session to n2, which gets n1's queue. When the client connects on n3,
+    n2's copy holds that queue: drained to n3, never just deleted (the chaos rolling restart
+    lost a client's messages of ~2 s so)."""
+    c = Cluster()
+    for name, reg in c.nodes.items():
+        c.run(name, reg.on_peers(set(c.nodes) - {name}, c.now))
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.disconnect("n1", "dev")
+    n2 = c.nodes["n2"]
+    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
+    assert len(c.take("n2", Materialize)) == 1
+    c.run("n2", n2.on_materialized("dev", True, c.now))  # made ahead: its client went on
+    c.run("n1", c.nodes["n1"].set_unavailable(frozenset({"n1", "n3"}), c.now))
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    assert n2.records["dev"].owner == "n2"
+    assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",))]  # n1's queue goes to n2
+    c.take("n2", Discard)
+    c.connect("n3", "dev", present=True)
+    assert c.take("n2", Discard) == []
+    assert c.take("n2", Drain) == [Drain("dev", "n3", ("a/#",))]
