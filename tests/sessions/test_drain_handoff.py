@@ -65,13 +65,19 @@ def test_online_and_busy_sessions_are_not_handed_off():
     assert c.nodes["n1"].hand_off_all(c.now) == []
 
 
-def test_without_replicas_the_session_is_made_again_on_another_node():
+def offline_on_n1() -> Cluster:
+    """Three nodes without replicas, all up; `dev` subscribed to a/# on n1, then offline."""
     c = Cluster()
     for name, reg in c.nodes.items():
         c.run(name, reg.on_peers(set(c.nodes) - {name}, c.now))
     c.connect("n1", "dev")
     c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
     c.disconnect("n1", "dev")
+    return c
+
+
+def test_without_replicas_the_session_is_made_again_on_another_node():
+    c = offline_on_n1()
     drains(c, "n1")
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
     target = c.nodes["n2"].records["dev"].owner
@@ -95,12 +101,7 @@ def test_a_session_made_ahead_then_handed_here_is_drained_where_its_client_conne
     n1 then hands the session to n2, which gets n1's queue. When the client connects on n3,
     n2's copy holds that queue: drained to n3, never just deleted (the chaos rolling restart
     lost a client's messages of ~2 s so)."""
-    c = Cluster()
-    for name, reg in c.nodes.items():
-        c.run(name, reg.on_peers(set(c.nodes) - {name}, c.now))
-    c.connect("n1", "dev")
-    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
-    c.disconnect("n1", "dev")
+    c = offline_on_n1()
     n2 = c.nodes["n2"]
     c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
     assert len(c.take("n2", Materialize)) == 1
