@@ -92,6 +92,9 @@ def _fields(hello: Hello) -> dict:
     }
 
 
+SERVER_READ_AHEAD = 1 << 20  # bytes gRPC reads ahead on one incoming stream
+
+
 def _common_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -115,8 +118,13 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """Server side: no SO_REUSEPORT (a second process on our port must fail, not share it)
-    and tolerate the clients' keepalive pings."""
+    and tolerate the clients' keepalive pings. A fixed 1 MiB read-ahead per stream instead of
+    BDP probing: with probing, gRPC grew its window (and our memory) by tens of MB for a few
+    unauthenticated callers sending huge requests nobody reads; 1 MiB still fills ~1 GB/s at
+    1 ms round trip."""
     return _common_options(max_message_bytes) + [
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", SERVER_READ_AHEAD),
         ("grpc.so_reuseport", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
