@@ -241,6 +241,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "log": {
         "level": Key(str, "warning", _one_of("debug", "info", "warning", "error"), "log level"),
         "format": Key(str, "json", _one_of("json", "text"), "log line format"),
+        "debug": Key(list, [], None, "loggers that log at debug whatever the level, e.g."
+                     " [\"mqfed.sessions\"] (every session operation, per client)"),
     },
 }
 

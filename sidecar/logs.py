@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -36,8 +37,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(level: str = "warning", fmt: str = "json", node: str = "") -> None:
-    """Configure the root logger once for a sidecar process."""
+def setup_logging(level: str = "warning", fmt: str = "json", node: str = "",
+                  debug: Iterable[str] = ()) -> None:
+    """Configure the root logger once for a sidecar process; the `debug` loggers (and their
+    children) log at DEBUG whatever `level` says."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter(node))
@@ -48,3 +51,5 @@ def setup_logging(level: str = "warning", fmt: str = "json", node: str = "") -> 
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("grpc").setLevel(max(logging.WARNING, root.level))  # floods DEBUG
+    for name in debug:
+        logging.getLogger(name).setLevel(logging.DEBUG)

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     make_private()  # every file of the node (and its Mosquitto) 0600, folders 0700
     try:
         config = load_config(args.config)
-        setup_logging(config["log"]["level"], config["log"]["format"], config.node_id)
+        setup_logging(config["log"]["level"], config["log"]["format"], config.node_id,
+                      config["log"]["debug"])
         if args.print_mosquitto_conf:
             layout = NodeLayout(config.run_dir)
             print(render_mosquitto_conf(config, layout, layout.prepare()), end="")

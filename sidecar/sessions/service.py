@@ -9,6 +9,7 @@ operations of one client id run one after another, in the order the core asked f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -67,6 +68,20 @@ Request = Callable[..., Awaitable[Any]]
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _described(action: object) -> dict[str, Any]:
+    """An action's fields for a debug line (records by client, subscriptions by count)."""
+    out: dict[str, Any] = {"action": type(action).__name__}
+    for field in dataclasses.fields(action):  # type: ignore[arg-type]
+        value = getattr(action, field.name)
+        if isinstance(value, SessionRecord):
+            out.update(client=value.client, owner=value.owner, online=value.online)
+        elif isinstance(value, (list, tuple, dict, frozenset, set)):
+            out[field.name] = len(value)
+        else:
+            out[field.name] = value
+    return out
 
 
 class SessionService:
@@ -137,6 +152,8 @@ class SessionService:
         client = getattr(event, "client", None)
         if client is not None and client.startswith(DEFAULT_SIDECAR_ID):
             return
+        if client is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug("client event", extra={"client": client, "event": type(event).__name__})
         if isinstance(event, Connect):
             self._run(reg.on_connect(event.client, event.username, event.protocol,
                                      event.clean_start, event.session_expiry,
@@ -187,6 +204,11 @@ class SessionService:
         kind = frame.WhichOneof("body")
         if kind == "session_records":
             records = [wire.record_from_proto(m) for m in frame.session_records.records]
+            if log.isEnabledFor(logging.DEBUG):
+                for r in records:
+                    log.debug("record from a peer", extra={
+                        "peer": peer, "client": r.client, "owner": r.owner,
+                        "online": r.online, "tombstone": r.tombstone})
             self._run(self.registry.on_remote(records, _wall_ms()))
         elif kind == "session_backlog":
             msg = frame.session_backlog
@@ -211,6 +233,8 @@ class SessionService:
         denies: list[str] = []  # nothing pending for them: one command for all, at the end
         batched: set[str] = set()
         for action in actions:
+            if not isinstance(action, Publish) and log.isEnabledFor(logging.DEBUG):
+                log.debug("session action", extra=_described(action))
             client = getattr(action, "client", None) or getattr(
                 getattr(action, "record", None), "client", None)
             if client in batched and not isinstance(action, Publish):
@@ -407,6 +431,7 @@ class SessionService:
                                            [q for _, q in shadow.messages])
             finally:
                 await self.shadows.finish(shadow, ok)
+        log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
     async def _hand_over(self, client: str, owner: str, queued: list) -> bool:
@@ -429,6 +454,8 @@ class SessionService:
         finally:
             self._backlog_acks.pop((client, exchange), None)
         self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
+        log.debug("session messages handed over", extra={
+            "client": client, "owner": owner, "messages": len(envs), "ok": ok})
         return ok
 
     async def _receive_backlog(self, peer: str, msg: peer_pb2.SessionBacklog,
@@ -444,6 +471,8 @@ class SessionService:
                 ok = False
                 break
             self.counters["backlog_received"] += 1
+        log.debug("session messages received", extra={
+            "client": msg.client, "peer": peer, "messages": len(msg.envelopes), "ok": ok})
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 
     async def _discard(self, action: Discard) -> None:
