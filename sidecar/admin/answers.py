@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sidecar._proto import admin_pb2
 from sidecar.admin.directory import Entry
@@ -27,6 +27,9 @@ def node_info(entry: Entry, self_id: str) -> admin_pb2.NodeInfo:
                               admin=r.admin, version=r.version, incarnation=r.incarnation,
                               started_at=r.started_at, since=entry.since,
                               self=r.node_id == self_id)
+
+
+QUEUEING = ("session", "replica-queueing")  # `here` values whose Mosquitto session queues
 
 
 def _limit(query: admin_pb2.Query) -> int:
@@ -145,10 +148,18 @@ class Answers:
                 subscriptions=len(table.subscriptions(client))))
         return rows[:_limit(query)]
 
-    def sessions(self, query: admin_pb2.Query) -> list[admin_pb2.Session]:
+    async def sessions(self, query: admin_pb2.Query) -> list[admin_pb2.Session]:
         service = self.node.sessions
         if service is None:
             return []
+        rows = self._sessions(service, query)
+        offline = [r.client for r in rows if r.here in QUEUEING]
+        counts = await service.queued(offline) if offline else {}
+        for r in rows:
+            r.queued = -1 if counts is None or r.here not in QUEUEING else counts.get(r.client, 0)
+        return rows
+
+    def _sessions(self, service: Any, query: admin_pb2.Query) -> list[admin_pb2.Session]:
         rows = []
         for r in sorted(service.sessions(query.client or None), key=lambda r: r["client"]):
             rows.append(admin_pb2.Session(

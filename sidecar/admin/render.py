@@ -140,7 +140,8 @@ def _sessions(r: admin_pb2.SessionsReply, now: float) -> str:
     rows = []
     for client, views in sorted(by_client.items()):
         best = next((v for v in views if v.node_id == v.owner), views[0])
-        held = ",".join(sorted(f"{v.node_id}:{v.here}" for v in views if v.here)) or "-"
+        held = ",".join(sorted(f"{v.node_id}:{v.here}" + (f"({v.queued})" if v.queued > 0 else "")
+                               for v in views if v.here)) or "-"
         expiry = "?" if best.session_expiry < 0 else best.session_expiry
         left = "-" if best.expires_in_s < 0 else best.expires_in_s
         replicas = ",".join(best.replicas) or "-"

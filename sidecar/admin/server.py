@@ -10,6 +10,7 @@ this node alone unless nodes are named (each node holds the whole replicated ind
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -187,7 +188,7 @@ class AdminServer:
     async def _fanout(self, name: str, query: admin_pb2.Query, local: Callable[[], Any]) -> Any:
         method = METHODS[name]
         if query.local:
-            return merge(method, self.node_id, [local()], {})
+            return merge(method, self.node_id, [await _answer(local)], {})
         targets = self.directory.targets(query.nodes, time.monotonic())
         sub = admin_pb2.Query()
         sub.CopyFrom(query)
@@ -196,7 +197,7 @@ class AdminServer:
 
         async def ask(node: str, address: str) -> Any:
             if node == self.node_id:
-                return local()
+                return await _answer(local)
             if not address:
                 raise AdminCallError("its admin address is unknown (static membership, or a "
                                      "node older than the admin API)", "UNKNOWN", True)
@@ -309,8 +310,9 @@ class AdminServer:
             clients=self.answers.clients(query)))
 
     async def _sessions(self, query: admin_pb2.Query) -> admin_pb2.SessionsReply:
-        return await self._fanout("Sessions", query, lambda: admin_pb2.SessionsReply(
-            sessions=self.answers.sessions(query)))
+        async def local() -> admin_pb2.SessionsReply:
+            return admin_pb2.SessionsReply(sessions=await self.answers.sessions(query))
+        return await self._fanout("Sessions", query, local)
 
     async def _retained(self, query: admin_pb2.Query) -> admin_pb2.RetainedReply:
         if not query.nodes:
@@ -355,3 +357,9 @@ class AdminServer:
 def _hop(h: Any) -> admin_pb2.TraceHop:
     return admin_pb2.TraceHop(trace_id=h.trace_id, node_id=h.node_id, event=h.event,
                               at_ms=h.at_ms, peer=h.peer, detail=h.detail)
+
+
+async def _answer(local: Callable[[], Any]) -> Any:
+    """This node's part: `local()`, awaited when it is a coroutine."""
+    result = local()
+    return await result if inspect.isawaitable(result) else result

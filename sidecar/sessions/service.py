@@ -521,6 +521,21 @@ class SessionService:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)
         return out
 
+    async def queued(self, clients: list[str] | None = None) -> dict[str, int] | None:
+        """Messages this node's Mosquitto queued for these offline sessions (plugin `queued`;
+        all that have some without `clients`); None when the plugin cannot tell (an older
+        plugin, or the link is down)."""
+        try:
+            reply = await self.request("queued", timeout=2.0,
+                                       **({} if clients is None else {"clients": clients}))
+        except Exception as exc:  # noqa: BLE001 - shown as unknown, never fails the answer
+            log.debug("asking the plugin for queued counts failed: %s", exc)
+            return None
+        counts = reply.fields.get("queued")
+        if not isinstance(counts, dict):
+            return None
+        return {str(k): int(v) for k, v in counts.items() if isinstance(v, (int, float))}
+
     def _here(self, client: str) -> str | None:
         """What this node's Mosquitto holds for `client`: online, session, replica (held or
         queueing), shadow, or nothing."""

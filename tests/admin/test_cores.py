@@ -192,3 +192,13 @@ def test_sessions_render_one_row_per_client_with_where_it_is_held() -> None:
     row = lines[1].split()
     assert row[:4] == ["dev", "n2", "n3", "yes"]
     assert row[-2:] == ["2", "n2:online,n3:replica-held"]
+
+
+def test_sessions_render_what_each_node_queued_for_an_offline_session() -> None:
+    views = [admin_pb2.Session(node_id=n, client="dev", owner="n1", online=False,
+                               persistent=True, session_expiry=600, expires_in_s=500,
+                               protocol="mqtt5", subscriptions=1, here=here, queued=queued)
+             for n, here, queued in (("n1", "session", 30), ("n2", "replica-queueing", 0),
+                                     ("n3", "replica-held", -1))]
+    row = render(admin_pb2.SessionsReply(sessions=views), now=0).splitlines()[1].split()
+    assert row[-1] == "n1:session(30),n2:replica-queueing,n3:replica-held"

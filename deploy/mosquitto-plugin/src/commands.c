@@ -668,6 +668,22 @@ static void cmd_stats(const struct request *rq)
 	reply_send(rq, o);
 }
 
+#define QUEUED_MAX 10000 /* entries in one `queued` reply */
+
+/* {"queued": {id: n}}: messages routed to offline sessions (`clients`: these ids; else every
+ * offline session that has some), for `mqfed ctl sessions`. */
+static void cmd_queued(const struct request *rq, const cJSON *req)
+{
+	cJSON *o = reply_new(rq, true);
+	cJSON *q;
+
+	if(o){
+		q = model_queued_json(cJSON_GetObjectItemCaseSensitive(req, "clients"), QUEUED_MAX);
+		if(q) cJSON_AddItemToObject(o, "queued", q);
+	}
+	reply_send(rq, o);
+}
+
 /* A message on $CONTROL/mqfed/v1 (plugin.c's CONTROL callback). */
 void commands_on_control(const struct mosquitto_evt_control *ed)
 {
@@ -745,6 +761,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_admission(&rq, req);
 	}else if(streq(rq.cmd, "pressure")){
 		cmd_pressure(&rq, req);
+	}else if(streq(rq.cmd, "queued")){
+		cmd_queued(&rq, req);
 	}else if(streq(rq.cmd, "stats")){
 		cmd_stats(&rq);
 	}else if(streq(rq.cmd, "catchup")){

@@ -40,6 +40,7 @@ struct client {
 	unsigned sub_count;
 	unsigned shared_count;     /* of which $share/<group>/... */
 	struct client_run run;     /* origin.c's */
+	uint32_t queued;           /* offline: messages routed to its session since it was online */
 };
 
 /* A connection that passed our BASIC_AUTH callback; later providers may still refuse it. */
@@ -412,6 +413,7 @@ static void pending_resolve(struct pending *p)
 		}
 		c->conn = conn;
 		c->expire_at = 0;
+		c->queued = 0; /* its queue goes to this connection */
 	}else{
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory adding client %s", p->id);
 	}
@@ -648,4 +650,40 @@ cJSON *model_client_json(struct client *c)
 	void *from = NULL;
 
 	return model_client_json_part(c, &from, UINT32_MAX);
+}
+
+void model_note_queued(const char *id)
+{
+	struct client *c = id ? model_find(id) : NULL;
+
+	if(c && !c->online && c->queued < UINT32_MAX) c->queued++;
+}
+
+cJSON *model_queued_json(const cJSON *ids, unsigned max)
+{
+	cJSON *o = cJSON_CreateObject();
+	const cJSON *item;
+	struct client *c, *tmp;
+	unsigned n = 0;
+
+	if(o == NULL) return NULL;
+	if(cJSON_IsArray(ids)){
+		cJSON_ArrayForEach(item, ids){
+			if(!cJSON_IsString(item) || n >= max) continue;
+			c = model_find(item->valuestring);
+			if(c && !c->online){
+				cJSON_AddNumberToObject(o, c->id, c->queued);
+				n++;
+			}
+		}
+		return o;
+	}
+	HASH_ITER(hh, clients, c, tmp){
+		if(n >= max) break;
+		if(!c->online && c->queued){
+			cJSON_AddNumberToObject(o, c->id, c->queued);
+			n++;
+		}
+	}
+	return o;
 }

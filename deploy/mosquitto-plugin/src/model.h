@@ -35,6 +35,12 @@ struct client_run *model_client_run(struct client *c);
 cJSON *model_client_json(struct client *c);
 unsigned model_client_subs(const struct client *c);
 cJSON *model_client_json_part(struct client *c, void **from, unsigned max);
+/* Messages Mosquitto routed to an offline session (granted READ checks at QoS > 0) since its
+ * client or a shadow was last connected: what it queues, unless its queue limit dropped some. */
+void model_note_queued(const char *id);
+/* {id: queued} for the offline sessions among `ids` (a JSON array), or for every offline
+ * session with queued messages when `ids` is not an array; at most `max` entries. */
+cJSON *model_queued_json(const cJSON *ids, unsigned max);
 
 void pending_add(struct mosquitto *conn, const char *id, const char *username);
 void pending_resolve_conn(struct mosquitto *conn);

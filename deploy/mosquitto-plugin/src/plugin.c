@@ -472,6 +472,12 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
+	if(ed->access == MOSQ_ACL_READ && ed->qos > 0 && mosquitto__get_state
+			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
+			&& later_verdict(ed->client, ed->topic, ed->qos, MOSQ_ACL_READ)
+				== MOSQ_ERR_SUCCESS){
+		model_note_queued(mosquitto_client_id(ed->client)); /* `ctl sessions` */
+	}
 
 	switch(ed->access){
 		case MOSQ_ACL_SUBSCRIBE:

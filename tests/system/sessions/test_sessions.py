@@ -8,6 +8,7 @@ clean start anywhere discards the old session on every node.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.harness.procs import wait_for
+from tests.system.cluster.conftest import mqfed
 from tests.system.sessions.clients import Device, publish
 
 
@@ -276,3 +278,39 @@ def test_a_delayed_will_is_not_sent_when_its_client_resumes_elsewhere_within_the
     finally:
         back.close()
         sub.close()
+
+
+def _ctl_sessions(cluster, client: str, *json_flag: str) -> tuple[int, str, str]:
+    admin = next(n["admin"] for n in cluster.info["nodes"] if n["id"] == "n2")
+    r = mqfed("ctl", "--node", admin, "--token-file", str(cluster.run_dir / "admin-token"),
+              *json_flag, "sessions", "--client", client, timeout=60)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_ctl_sessions_shows_the_messages_queued_for_an_offline_session_per_node(shared_cluster):
+    """The owner's Mosquitto counts what it routed to the offline session (plugin `queued`);
+    the count is gone once the client is back and has them."""
+    cluster = shared_cluster
+    topic = f"queued/{time.time_ns()}"
+    dev = _session(cluster, "n1", topic)
+
+    def views() -> dict[str, dict]:
+        code, out, err = _ctl_sessions(cluster, dev.client_id, "--json")
+        assert code == 0, err
+        return {s["node_id"]: s for s in json.loads(out)["sessions"]}
+
+    publish(cluster.ports["n2"], topic, 30)
+    wait_for(lambda: int(views()["n1"]["queued"]) == 30, 10, "n1 counts 30 queued")
+    seen = views()
+    assert seen["n1"]["here"] == "session" and seen["n1"]["owner"] == "n1"
+    for node, view in seen.items():  # a replica that only keeps a ring queues nothing
+        if view["here"] in ("", "replica-held", "online"):
+            assert int(view["queued"]) == -1, (node, view)
+    code, out, err = _ctl_sessions(cluster, dev.client_id)
+    assert code == 0 and "n1:session(30)" in out, out + err
+
+    assert dev.connect(cluster.ports["n1"]) is True
+    assert dev.wait_count(30) == list(range(30))
+    wait_for(lambda: views()["n1"]["here"] == "online", 10, "n1 holds it online")
+    assert int(views()["n1"]["queued"]) == -1
+    dev.leave()
