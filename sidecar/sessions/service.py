@@ -84,6 +84,13 @@ def _described(action: object) -> dict[str, Any]:
     return out
 
 
+def _record_fields(peer: str, record: SessionRecord) -> dict[str, Any]:
+    """A peer's record for a debug line."""
+    return {"peer": peer, "client": record.client, "owner": record.owner,
+            "online": record.online, "deleted": record.deleted,
+            "connect_hlc": record.connect_hlc}
+
+
 class SessionService:
     """Sessions of one node; the node hands it plugin events, `RoutingService` peer frames."""
 
@@ -206,9 +213,7 @@ class SessionService:
             records = [wire.record_from_proto(m) for m in frame.session_records.records]
             if log.isEnabledFor(logging.DEBUG):
                 for r in records:
-                    log.debug("record from a peer", extra={
-                        "peer": peer, "client": r.client, "owner": r.owner,
-                        "online": r.online, "tombstone": r.tombstone})
+                    log.debug("record from a peer", extra=_record_fields(peer, r))
             self._run(self.registry.on_remote(records, _wall_ms()))
         elif kind == "session_backlog":
             msg = frame.session_backlog

@@ -1,0 +1,45 @@
+"""The session service's debug lines (`log.debug = ["mqfed.sessions"]`): every action type and
+a peer's record can be described, with JSON-friendly fields (a failure here once dropped every
+session frame while debug logging was on)."""
+
+from __future__ import annotations
+
+import json
+
+from sidecar.sessions.record import SessionRecord
+from sidecar.sessions.registry import (
+    Admit,
+    Deny,
+    Discard,
+    Drain,
+    Forget,
+    Hold,
+    Kick,
+    Materialize,
+    Publish,
+    Resubscribe,
+)
+from sidecar.sessions.service import _described, _record_fields
+
+RECORD = SessionRecord(client="c1", owner="n2", connect_hlc=5, change_hlc=6, online=False,
+                       subscriptions={"a/#": 1})
+
+
+def test_every_action_is_described_by_client_and_plain_fields():
+    actions = [Publish(RECORD), Kick("c1", True), Deny("c1"), Admit("c1"),
+               Hold("c1", True, ring=True, since_ms=7), Materialize(RECORD, replica=True),
+               Resubscribe("c1", {"a/#": 1}, ("b",)), Drain("c1", "n2", ("a/#",)),
+               Discard("c1", urgent=True), Forget(("c1", "c2"))]
+    lines = [_described(a) for a in actions]
+    assert [line["action"] for line in lines] == [type(a).__name__ for a in actions]
+    assert all(line.get("client") == "c1" for line in lines[:-1])
+    assert lines[5] == {"action": "Materialize", "client": "c1", "owner": "n2", "online": False,
+                        "replica": True}
+    assert lines[6]["add"] == 1 and lines[6]["remove"] == 1 and lines[-1]["clients"] == 2
+    json.dumps(lines)
+
+
+def test_a_peer_record_is_described():
+    fields = _record_fields("n3", RECORD)
+    assert fields == {"peer": "n3", "client": "c1", "owner": "n2", "online": False,
+                      "deleted": False, "connect_hlc": 5}
