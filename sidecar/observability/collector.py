@@ -104,6 +104,9 @@ class NodeCollector(Collector):
         moved.add_metric(["received"], st["backlog_received"])
         moved.add_metric(["failed"], st["backlog_failed"])
         yield moved
+        yield CounterMetricFamily("mqfed_session_records_refused", "Session records from peers "
+                                  "dropped because no Mosquitto could hold them (invalid client "
+                                  "id, filter, owner or protocol).", value=st["records_refused"])
         ops = _counter("session_operations", "Shadow operations on this node's Mosquitto.",
                        ["operation"])
         for op in ("materialized", "drained", "discarded", "failures"):

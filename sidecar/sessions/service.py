@@ -63,6 +63,7 @@ BACKGROUND_SHADOWS = 8
 most this many at a time, so a joining node or a burst of new sessions leaves the loop and
 the plugin link to the connects, deny lists and moves that clients wait for."""
 DETAIL_LIMIT = 1000
+REFUSED_LOG_EVERY = 60.0  # seconds between warnings about refused peer records
 Request = Callable[..., Awaitable[Any]]
 
 
@@ -129,7 +130,8 @@ class SessionService:
         self._handover_sum = 0.0
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0,
-                         "sync_timeouts": 0, "frames_too_large": 0}
+                         "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0}
+        self._refused_logged = float("-inf")
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -210,7 +212,13 @@ class SessionService:
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
         kind = frame.WhichOneof("body")
         if kind == "session_records":
-            records = [wire.record_from_proto(m) for m in frame.session_records.records]
+            records = []
+            for m in frame.session_records.records:
+                problem = wire.record_problem(m)
+                if problem is None:
+                    records.append(wire.record_from_proto(m))
+                else:
+                    self._refuse_record(peer, m.client, problem)
             if log.isEnabledFor(logging.DEBUG):
                 for r in records:
                     log.debug("record from a peer", extra=_record_fields(peer, r))
@@ -231,6 +239,18 @@ class SessionService:
             fut = self._backlog_acks.pop((msg.client, msg.exchange), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg.ok)
+
+    def _refuse_record(self, peer: str, client: str, problem: str) -> None:
+        """A peer's record no Mosquitto can hold is dropped, counted, and logged now and then
+        (a peer that keeps sending it must not flood the log)."""
+        self.counters["records_refused"] += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_EVERY:
+            self._refused_logged = now
+            log.warning("a peer sent a session record no Mosquitto can hold (dropped; check "
+                        "that peer's version and its clients)",
+                        extra={"peer": peer, "client": client[:128], "problem": problem,
+                               "refused_so_far": self.counters["records_refused"]})
 
     # ---- actions -------------------------------------------------------------------------
     def _run(self, actions: list) -> None:

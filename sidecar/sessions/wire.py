@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from sidecar._proto import peer_pb2
+from sidecar.config import NODE_ID_RE
 from sidecar.peering.envelopes import decode_envelope, encode_envelope
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions.record import SessionRecord, Subscription
+from sidecar.topics import TopicError, mqtt_string_problem, validate_filter
 
 RECORDS_PER_FRAME = 500
 
@@ -25,6 +27,34 @@ def _subscription(filter: str, s: Subscription) -> peer_pb2.SessionSubscription:
     return peer_pb2.SessionSubscription(filter=filter, qos=s.qos, no_local=s.no_local,
                                         retain_as_published=s.retain_as_published,
                                         identifier=s.identifier)
+
+
+PROTOCOLS = ("mqtt31", "mqtt311", "mqtt5", "")  # "" in records of older peers: mqtt5
+MAX_SUBSCRIPTION_ID = 268_435_455  # MQTT 5's Variable Byte Integer maximum
+
+
+def record_problem(m: peer_pb2.SessionRecord) -> str | None:
+    """Why a peer's record cannot be a session a Mosquitto holds (applied, it would make
+    shadows fail or be refused forever); None when it can."""
+    if not m.client:
+        return "an empty client id (a session needs one)"
+    problem = mqtt_string_problem(m.client)
+    if problem is not None:
+        return f"client id: {problem}"
+    if not NODE_ID_RE.match(m.owner):
+        return f"owner {m.owner[:64]!r} is not a node id"
+    if m.protocol not in PROTOCOLS:
+        return f"unknown protocol {m.protocol[:32]!r}"
+    for sub in m.subscriptions:
+        try:
+            validate_filter(sub.filter)
+        except TopicError as exc:
+            return str(exc)
+        if sub.qos > 2:
+            return f"subscription {sub.filter[:64]!r}: QoS {sub.qos}"
+        if sub.identifier > MAX_SUBSCRIPTION_ID:
+            return f"subscription {sub.filter[:64]!r}: identifier {sub.identifier}"
+    return None
 
 
 def record_from_proto(m: peer_pb2.SessionRecord) -> SessionRecord:

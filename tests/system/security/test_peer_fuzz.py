@@ -48,6 +48,19 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+BAD_RECORDS = [  # each names a session no Mosquitto could hold
+    peer_pb2.SessionRecord(client="a\x00b", owner="n2", connect_hlc=1, change_hlc=1),
+    peer_pb2.SessionRecord(client="", owner="n2", connect_hlc=1, change_hlc=1),
+    peer_pb2.SessionRecord(client="fz-owner", owner="no such/node", connect_hlc=1, change_hlc=1),
+    peer_pb2.SessionRecord(client="fz-proto", owner="n2", protocol="mqtt9", connect_hlc=1,
+                           change_hlc=1),
+    peer_pb2.SessionRecord(client="fz-filter", owner="n2", connect_hlc=1, change_hlc=1,
+                           subscriptions=[peer_pb2.SessionSubscription(filter="a/#/b")]),
+    peer_pb2.SessionRecord(client="fz-qos", owner="n2", connect_hlc=1, change_hlc=1,
+                           subscriptions=[peer_pb2.SessionSubscription(filter="a", qos=7)]),
+]
+
+
 def _chosen_frames(future_hlc: int) -> list[bytes]:
     """The attacks named in issue 16, sent whatever hypothesis draws."""
     future = peer_pb2.RetainedEntry(topic=FUTURE_TOPIC, hlc=future_hlc,
@@ -65,6 +78,7 @@ def _chosen_frames(future_hlc: int) -> list[bytes]:
         peer_pb2.Frame(session_backlog=peer_pb2.SessionBacklog(
             client="nobody", exchange=1, envelopes=[peer_pb2.Envelope(topic="a/#", qos=7)])),
         peer_pb2.Frame(session_sync=peer_pb2.SessionSync(client="nobody", exchange=2**64 - 1)),
+        peer_pb2.Frame(session_records=peer_pb2.SessionRecords(records=BAD_RECORDS)),
         peer_pb2.Frame(retained_request=peer_pb2.RetainedRequest(topics=["#", "", "a/+"])),
         peer_pb2.Frame(message_batch=peer_pb2.MessageBatch(envelopes=[peer_pb2.Envelope(
             origin_node="fuzz", origin_seq=1, origin_incarnation=1, topic="a/+/#", qos=2)])),
@@ -137,6 +151,9 @@ def test_fuzzed_frames_from_an_authenticated_peer_do_no_harm(cluster: AdminClust
               f" {peer.received}; n1 counted: receiver {state['routing']['invalid']}"
               f" invalid, retained: {state['routing']['retained']['remote_invalid']} invalid")
         assert _alive(n1["pid"])
+        sessions = state["cluster_sessions"]
+        assert sessions["records_refused"] >= len(BAD_RECORDS), sessions
+        assert not {"fz-owner", "fz-proto", "fz-filter", "fz-qos"} & set(sessions["clients"])
         # the node still accepts a peer, routes both ways and locally
         assert peer.connect(incarnation=10**6).WhichOneof("body") == "welcome"
         peer.send(_chosen_frames(future_hlc)[1])  # valid and invalid interest
