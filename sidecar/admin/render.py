@@ -172,8 +172,8 @@ def drain_line(p: admin_pb2.DrainProgress) -> str:
         return f"{p.node_id}: serving (not draining)"
     phase = f" ({p.phase})" if p.phase and p.phase != p.state else ""
     line = (f"{p.node_id}: {p.state}{phase} after {p.seconds:.1f}s: {p.clients} clients, "
-            f"{p.sessions_owned} sessions owned, {p.session_copies} session copies, "
-            f"{p.messages_queued} messages queued")
+            f"{p.sessions_owned} sessions owned ({p.session_messages} messages in them), "
+            f"{p.session_copies} session copies, {p.messages_queued} messages queued")
     if p.messages_queued_down:
         line += f", {p.messages_queued_down} for peers that are down"
     return line + (f"; {p.note}" if p.note else "")

@@ -75,6 +75,7 @@ class Facts:
     session_copies: int = 0  # offline sessions, replicas, shadows held by this Mosquitto
     session_ops: int = 0  # session operations in progress (makes, drains, deletes)
     records_unsent: int = 0  # session records not yet sent to the peers
+    session_messages: int = 0  # messages queued in offline sessions here (plugin estimate)
     unsettled: int = 0  # messages from Mosquitto not yet settled with the peers
     queued: int = 0  # messages in the outbound queues of peers that are up
     queued_down: int = 0  # messages queued for peers that are down (kept in the spill)
@@ -98,6 +99,7 @@ class Progress:
     kicks: int
     hand_offs: int
     note: str
+    session_messages: int = 0  # messages in the offline sessions still here
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -194,4 +196,4 @@ class Drain:
                         round(end - self.started, 3) if self.started_wall else 0.0,
                         f.clients, f.sessions_owned, f.session_copies,
                         f.unsettled + f.queued, f.queued_down, self.kicks, self.hand_offs,
-                        note)
+                        note, f.session_messages)

@@ -231,6 +231,7 @@ class DrainService:
                      session_copies=sessions.get("session_copies", 0),
                      session_ops=sessions.get("session_ops", 0),
                      records_unsent=sessions.get("session_records_unsent", 0),
+                     session_messages=sessions.get("session_messages", 0),
                      unsettled=routing.unsettled, queued=queued, queued_down=queued_down,
                      quiet=time.monotonic() - routing.last_copy_at >= QUIET, peers_up=up)
 

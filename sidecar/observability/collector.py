@@ -104,6 +104,11 @@ class NodeCollector(Collector):
         moved.add_metric(["received"], st["backlog_received"])
         moved.add_metric(["failed"], st["backlog_failed"])
         yield moved
+        if st.get("queued_here") is not None:
+            yield GaugeMetricFamily("mqfed_session_queued_here", "QoS > 0 messages this "
+                                    "node's Mosquitto queued for offline sessions (the "
+                                    "plugin's count of what it routed to them).",
+                                    value=st["queued_here"])
         yield CounterMetricFamily("mqfed_session_records_refused", "Session records from peers "
                                   "dropped because no Mosquitto could hold them (invalid client "
                                   "id, filter, owner or protocol).", value=st["records_refused"])

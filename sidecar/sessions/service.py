@@ -63,6 +63,7 @@ BACKGROUND_SHADOWS = 8
 most this many at a time, so a joining node or a burst of new sessions leaves the loop and
 the plugin link to the connects, deny lists and moves that clients wait for."""
 DETAIL_LIMIT = 1000
+QUEUED_EVERY = 2.0  # seconds between counts of the messages queued in offline sessions
 REFUSED_LOG_EVERY = 60.0  # seconds between warnings about refused peer records
 Request = Callable[..., Awaitable[Any]]
 
@@ -132,6 +133,8 @@ class SessionService:
                          "commands_failed": 0, "frames_out": 0,
                          "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0}
         self._refused_logged = float("-inf")
+        self.queued_here: int | None = None  # messages in offline sessions here (plugin)
+        self._counting = False
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -149,9 +152,26 @@ class SessionService:
         self.store.close()
 
     async def _ticker(self) -> None:
+        last_count = float("-inf")
         while True:
             await asyncio.sleep(TICK)
             self._run(self.registry.on_tick(_wall_ms()))
+            if time.monotonic() - last_count >= QUEUED_EVERY and not self._counting:
+                last_count = time.monotonic()
+                self._counting = True
+                self._spawn(self._count_queued())
+
+    async def _count_queued(self) -> None:
+        """Refresh `queued_here` (the plugin's total for this node's offline sessions)."""
+        try:
+            reply = await self.request("queued", timeout=2.0, clients=[])
+            total = reply.fields.get("total")
+            self.queued_here = int(total) if isinstance(total, (int, float)) else None
+        except Exception as exc:  # noqa: BLE001 - an older plugin, or the link is down
+            log.debug("counting queued messages failed: %s", exc)
+            self.queued_here = None
+        finally:
+            self._counting = False
 
     # ---- inputs: the plugin ----------------------------------------------------------------
     def on_event(self, event: object) -> None:
@@ -531,7 +551,8 @@ class SessionService:
     def drain_progress(self) -> dict[str, int]:
         """Sessions still tied to this node, and session frames in flight to peers."""
         return {**self.registry.drain_progress(_wall_ms()),
-                "session_records_unsent": len(self._unpublished)}
+                "session_records_unsent": len(self._unpublished),
+                "session_messages": self.queued_here or 0}
 
     # ---- views ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -540,7 +561,8 @@ class SessionService:
         if time.monotonic() - at > 1.0:  # a pass over every record: at most once a second
             counts = self.registry.status(_wall_ms())
             self._counts = (time.monotonic(), counts)
-        out: dict[str, Any] = {**counts, **self.registry.counters, **self.counters}
+        out: dict[str, Any] = {**counts, **self.registry.counters, **self.counters,
+                               "queued_here": self.queued_here}
         records = self.registry.records
         if len(records) <= DETAIL_LIMIT:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)

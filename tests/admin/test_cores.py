@@ -11,7 +11,7 @@ from sidecar._proto import admin_pb2
 from sidecar.admin.auth import AuthPolicy
 from sidecar.admin.directory import Directory, UnknownNode
 from sidecar.admin.fanout import merge
-from sidecar.admin.render import missing_line, render, table
+from sidecar.admin.render import drain_line, missing_line, render, table
 from sidecar.admin.trace import TRACE_PROPERTY, TraceRecorder, trace_id
 from sidecar.admin.wire import METHODS
 from sidecar.config import ConfigError, build_config
@@ -202,3 +202,11 @@ def test_sessions_render_what_each_node_queued_for_an_offline_session() -> None:
                                      ("n3", "replica-held", -1))]
     row = render(admin_pb2.SessionsReply(sessions=views), now=0).splitlines()[1].split()
     assert row[-1] == "n1:session(30),n2:replica-queueing,n3:replica-held"
+
+
+def test_a_drain_line_says_how_many_messages_its_sessions_still_hold() -> None:
+    line = drain_line(admin_pb2.DrainProgress(
+        node_id="n1", state="draining", phase="moving sessions", seconds=2.0, sessions_owned=3,
+        session_messages=120, session_copies=4, messages_queued=5))
+    assert line == ("n1: draining (moving sessions) after 2.0s: 0 clients, 3 sessions owned "
+                    "(120 messages in them), 4 session copies, 5 messages queued")

@@ -37,9 +37,10 @@ def test_sessions_left_are_handed_off_after_the_clients_had_time_to_come_back():
     d = Drain()
     d.start(0.0, 0.0)
     d.on_tick(Facts(clients=3, sessions_owned=3, peers_up=2), 0.0)
-    left = Facts(sessions_owned=1, session_copies=1, peers_up=2)
+    left = Facts(sessions_owned=1, session_copies=1, session_messages=40, peers_up=2)
     assert d.on_tick(left, HAND_OFF_AFTER - 0.1) == []
     assert d.progress(HAND_OFF_AFTER).phase == "moving sessions"
+    assert d.progress(HAND_OFF_AFTER).session_messages == 40
     assert d.on_tick(left, HAND_OFF_AFTER) == [HandOff()]
     assert d.on_tick(left, HAND_OFF_AFTER + 0.5) == []
     assert d.on_tick(left, HAND_OFF_AFTER + 1.0) == [HandOff()]

@@ -670,8 +670,9 @@ static void cmd_stats(const struct request *rq)
 
 #define QUEUED_MAX 10000 /* entries in one `queued` reply */
 
-/* {"queued": {id: n}}: messages routed to offline sessions (`clients`: these ids; else every
- * offline session that has some), for `mqfed ctl sessions`. */
+/* {"queued": {id: n}, "total": n}: messages routed to offline sessions (`clients`: these ids,
+ * an empty array for the total only; else every offline session that has some), for
+ * `mqfed ctl sessions` and a drain's progress. */
 static void cmd_queued(const struct request *rq, const cJSON *req)
 {
 	cJSON *o = reply_new(rq, true);
@@ -680,6 +681,7 @@ static void cmd_queued(const struct request *rq, const cJSON *req)
 	if(o){
 		q = model_queued_json(cJSON_GetObjectItemCaseSensitive(req, "clients"), QUEUED_MAX);
 		if(q) cJSON_AddItemToObject(o, "queued", q);
+		cJSON_AddNumberToObject(o, "total", (double)model_queued_total());
 	}
 	reply_send(rq, o);
 }

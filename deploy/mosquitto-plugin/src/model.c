@@ -687,3 +687,14 @@ cJSON *model_queued_json(const cJSON *ids, unsigned max)
 	}
 	return o;
 }
+
+uint64_t model_queued_total(void)
+{
+	struct client *c, *tmp;
+	uint64_t total = 0;
+
+	HASH_ITER(hh, clients, c, tmp){
+		if(!c->online) total += c->queued;
+	}
+	return total;
+}

@@ -41,6 +41,8 @@ void model_note_queued(const char *id);
 /* {id: queued} for the offline sessions among `ids` (a JSON array), or for every offline
  * session with queued messages when `ids` is not an array; at most `max` entries. */
 cJSON *model_queued_json(const cJSON *ids, unsigned max);
+/* The sum over every offline session. */
+uint64_t model_queued_total(void);
 
 void pending_add(struct mosquitto *conn, const char *id, const char *username);
 void pending_resolve_conn(struct mosquitto *conn);

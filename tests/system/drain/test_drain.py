@@ -65,6 +65,8 @@ def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster)
                                                    lambda d: f"dr/{run}/{d.client_id}")
     topic = f"dr/{run}/{away.client_id}"
     publish(cluster.ports["n3"], topic, 50)  # queued on n1 (and its replica) for `away`
+    wait_for(lambda: cluster.metrics("n1").get(("mqfed_session_queued_here", ()), 0) >= 50,
+             10, "n1 counting the 50 messages queued for the client that left")
 
     code, out, err = ctl(cluster, "--json", "drain", "n1", "--wait", "--wait-timeout", "60")
     assert code == 0, err
