@@ -35,10 +35,12 @@ class Subscriber:
         self.granted_qos: int | None = None
         self.session_expiry = session_expiry
         self._subscribed = threading.Event()
+        self.ready = threading.Event()  # connected, and subscribed since that connect
         self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                                   client_id=client_id, protocol=mqtt.MQTTv5)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
+        self.client.on_disconnect = self._on_disconnect
         self.client.reconnect_delay_set(min_delay=0.1, max_delay=2)  # a restarted node: soon
         # chosen once: tracing costs nothing per message when it is off
         self.client.on_message = self._on_message_traced if trace else self._on_message
@@ -50,7 +52,11 @@ class Subscriber:
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         if reason_codes and not reason_codes[0].is_failure:
             self.granted_qos = reason_codes[0].value
+            self.ready.set()
         self._subscribed.set()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.ready.clear()
 
     def _on_message_traced(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         now = time.time_ns()
@@ -162,17 +168,22 @@ def summarize(records: Sequence[tuple], sent: Mapping[int, int],
 
 def wait_complete(sub: Subscriber, expected: int, idle: float = 5.0,
                   limit: float = 120.0) -> float:
-    """Wait until `expected` distinct messages arrived, nothing arrived for `idle` s, or
-    `limit` s passed; returns when (time.monotonic) the last message arrived."""
-    start = last_change = time.monotonic()
+    """Wait until `expected` distinct messages arrived, nothing arrived for `idle` s while the
+    subscriber was connected and subscribed (a subscriber still reconnecting, e.g. after a
+    drain, has its messages waiting in its session), or `limit` s passed; returns when
+    (time.monotonic) the last message arrived."""
+    start = last_change = quiet_since = time.monotonic()
     count = -1
     while time.monotonic() - start < limit:
         now_count = len(sub.records)
         if now_count != count:
             count, last_change = now_count, time.monotonic()
+            quiet_since = last_change
             if count >= expected and len({r[0] for r in sub.records}) >= expected:
                 break
-        elif time.monotonic() - last_change > idle:
+        elif not sub.ready.is_set():
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > idle:
             break
         time.sleep(0.05)
     return last_change
