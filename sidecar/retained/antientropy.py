@@ -8,11 +8,14 @@ See peer.proto ("Retained messages") for the frames.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sidecar.retained.entry import RetainedEntry, Version
 from sidecar.retained.index import RetainedIndex
+
+REFUSED_KEPT = 10_000  # refused versions remembered (the newest)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,10 @@ class AntiEntropy:
         self._last: dict[str, int] = {}  # peer -> when its last exchange ended
         self._active: _Active | None = None
         self._exchange = 0
-        self.counters = {"exchanges": 0, "in_sync": 0, "pulled": 0, "served": 0, "aborted": 0}
+        self.counters = {"exchanges": 0, "in_sync": 0, "pulled": 0, "served": 0, "aborted": 0,
+                         "refused_skipped": 0}
+        # versions a peer offered that this node refused (invalid): not asked for again
+        self._refused: OrderedDict[str, Version] = OrderedDict()
 
     # ---- initiator -----------------------------------------------------------------------
     def on_peer_up(self, peer: str) -> None:
@@ -109,13 +115,28 @@ class AntiEntropy:
         """The peer's versions in the differing buckets: request what it has newer."""
         if not self._is_active(peer, exchange):
             return []
-        wanted = tuple(topic for topic, version in versions
-                       if (mine := self.index.version(topic)) is None or version > mine)
+        wanted = []
+        for topic, version in versions:
+            if (mine := self.index.version(topic)) is not None and version <= mine:
+                continue
+            if self._refused.get(topic) == version:
+                self.counters["refused_skipped"] += 1
+                continue
+            wanted.append(topic)
         if not wanted:
             self._end(peer, now_ms, in_sync=not buckets)
             return []
         self.counters["pulled"] += len(wanted)
-        return [SendRequest(peer, exchange, wanted)]
+        return [SendRequest(peer, exchange, tuple(wanted))]
+
+    def on_refused(self, topic: str, version: Version) -> None:
+        """A peer's entry of this version was refused (the replicator's `invalid`): later
+        exchanges do not ask for it again (the digests keep differing; only a newer version
+        of the topic is asked for). The newest REFUSED_KEPT are remembered."""
+        self._refused[topic] = version
+        self._refused.move_to_end(topic)
+        while len(self._refused) > REFUSED_KEPT:
+            self._refused.popitem(last=False)
 
     def on_entries_done(self, peer: str, exchange: int, now_ms: int) -> None:
         """The last frame answering our request arrived (its entries are merged)."""

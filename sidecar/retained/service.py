@@ -40,6 +40,7 @@ from sidecar.retained.replicator import (
     Reinject,
     Replicator,
     RetryRead,
+    invalid,
 )
 from sidecar.retained.sqlite import SqliteRetainedStore
 
@@ -191,6 +192,9 @@ class RetainedService:
             entries = [wire.entry_from_proto(m, now) for m in msg.entries]
             if msg.exchange:
                 self.counters["ae_received"] += len(entries)
+                for entry in entries:
+                    if invalid(entry) is not None:
+                        self.ae.on_refused(entry.topic, entry.version)
             self._run(self.replicator.on_remote(entries, now, live=msg.exchange == 0))
             if msg.exchange and msg.last:
                 self.ae.on_entries_done(peer, msg.exchange, now)

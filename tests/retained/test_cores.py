@@ -365,3 +365,23 @@ def test_entries_no_node_makes_are_dropped_and_counted() -> None:
     assert rep.counters["remote_invalid"] == len(bad) and len(rep.index) == 0
     good = RetainedEntry("t", T0 << 16, "n2", b"x")
     assert rep.on_remote([good], T0)[0] == Persist((good,))
+
+
+def test_a_version_this_node_refused_is_not_asked_for_again() -> None:
+    """A peer holding an entry this node refuses (invalid) keeps a differing digest; the
+    exchanges go on, but that version is not pulled again, a newer one of the topic is."""
+    bad = RetainedEntry("bad/+", 50, "n2", b"x")  # a wildcard: no node makes one
+    a = AntiEntropy(RetainedIndex())
+    a.on_peer_up("B")
+    (digest,) = a.poll(T0)
+    assert a.on_versions("B", digest.exchange, [1], [("bad/+", bad.version)], T0) \
+        == [SendRequest("B", digest.exchange, ("bad/+",))]
+    a.on_refused("bad/+", bad.version)
+    a.on_entries_done("B", digest.exchange, T0)
+    (digest,) = a.poll(T0 + a.interval_ms + 1)
+    assert a.on_versions("B", digest.exchange, [1], [("bad/+", bad.version)], T0) == []
+    assert a.counters["refused_skipped"] == 1
+    newer = RetainedEntry("bad/+", 60, "n2", b"y").version
+    (digest,) = a.poll(T0 + 2 * a.interval_ms + 2)
+    assert a.on_versions("B", digest.exchange, [1], [("bad/+", newer)], T0) \
+        == [SendRequest("B", digest.exchange, ("bad/+",))]
