@@ -23,6 +23,7 @@ from sidecar._proto import admin_pb2
 from sidecar.admin.auth import AuthError, read_token
 from sidecar.admin.client import AdminCallError, AdminClient
 from sidecar.admin.render import drain_line, missing_line, render
+from sidecar.devcluster.state import ClusterError
 
 __all__ = ["NOT_DONE", "OK", "PARTIAL", "REFUSED", "UNREACHABLE", "USAGE", "add_command"]
 
@@ -51,6 +52,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    default=os.environ.get("MQFED_CTL_NODE", DEFAULT_NODE),
                    help="HOST:PORT of a node's admin listener (default: $MQFED_CTL_NODE or "
                    f"{DEFAULT_NODE})")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="a local cluster (`mqfed up --run-dir DIR`): ask its first running "
+                   "node, with the cluster's admin token (instead of --node and --token-file)")
     p.add_argument("--token-file", help="file holding the admin token (default: "
                    "$MQFED_ADMIN_TOKEN_FILE, else $MQFED_ADMIN_TOKEN)")
     p.add_argument("--token", help="the admin token itself (discouraged: other local users "
@@ -109,6 +113,21 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _local_cluster(run_dir: Path) -> tuple[str, Path]:
+    """The admin address of the first running node of `mqfed up`'s cluster in `run_dir`, and
+    its admin token file."""
+    from sidecar.devcluster.state import load
+
+    state = load(run_dir)
+    if state is None:
+        raise ValueError(f"no cluster in {run_dir} (start one with `mqfed up --run-dir "
+                         f"{run_dir}`)")
+    for node in sorted(state.nodes.values(), key=lambda n: n.index):
+        if node.sidecar is not None and node.sidecar.running():
+            return f"{node.host}:{node.ports.admin}", state.layout.admin_token_path
+    raise ValueError(f"no node of the cluster in {run_dir} is running (mqfed start-node)")
+
+
 def _token(args: argparse.Namespace) -> str | None:
     """--token-file, else --token (with a warning), else the environment."""
     if args.token_file:
@@ -162,6 +181,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"mqfed ctl: {message}", file=sys.stderr, flush=True)
         return code
 
+    if args.run_dir is not None:
+        try:
+            args.address, token_file = _local_cluster(args.run_dir)
+        except (ClusterError, ValueError) as exc:
+            return fail(USAGE, str(exc))
+        args.token_file = args.token_file or str(token_file)
     try:
         token = _token(args)
         credentials = _credentials(args.tls_ca)

@@ -346,6 +346,9 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 		reply_error(rq, "internal");
 		return;
 	}
+	if(c != NULL && !model_client_online(c) && qos > 0){
+		model_note_queued(client); /* held by its offline session: `queued` counts it */
+	}
 	o = reply_new(rq, true);
 	if(o) cJSON_AddBoolToObject(o, "queued", c != NULL && !model_client_online(c));
 	reply_send(rq, o);

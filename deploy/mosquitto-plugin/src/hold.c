@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "hold.h"
+#include "model.h"
 
 #define RING_MS 10000                      /* a ring keeps what it was refused this long */
 #define RING_BYTES_PER_HOLD (4u << 20)     /* and at most this many payload + topic bytes */
@@ -179,6 +180,7 @@ void hold_tick(void)
 			if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
 						m->qos, false, NULL) == MOSQ_ERR_SUCCESS){
 				replayed++;
+				if(m->qos > 0) model_note_queued(h->id);
 			}
 		}
 		remove_hold(h);

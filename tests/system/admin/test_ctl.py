@@ -3,6 +3,7 @@ the plugin, sidecars). Tests run in file order; the last one stops a node."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -272,6 +273,16 @@ def test_usage_and_unreachable_exit_codes(meshed: AdminCluster) -> None:
     assert meshed.ctl("frobnicate").code == 2
     r = mqfed("ctl", "--node", f"127.0.0.1:{free_port()}", "--timeout", "3", "status")
     assert r.returncode == 3 and "unreachable" in r.stderr
+
+
+def test_run_dir_asks_a_local_cluster_with_its_token(meshed: AdminCluster, tmp_path) -> None:
+    """`mqfed ctl --run-dir DIR` (a cluster of `mqfed up`): no address, no token to name."""
+    env = {"MQFED_ADMIN_TOKEN": "", "MQFED_ADMIN_TOKEN_FILE": "", "MQFED_CTL_NODE": ""}
+    r = mqfed("ctl", "--run-dir", str(meshed.run_dir), "--json", "status", timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(s["node_id"] for s in json.loads(r.stdout)["statuses"]) == ["n1", "n2", "n3"]
+    none = mqfed("ctl", "--run-dir", str(tmp_path), "status", timeout=60, env=env)
+    assert none.returncode == 2 and "no cluster in" in none.stderr, none.stderr
 
 
 def test_stopped_node_is_named(meshed: AdminCluster) -> None:
