@@ -574,6 +574,15 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def deliver_item(topic: str, payload: bytes, qos: int,
+                 properties: MessageProperties | None = None) -> dict[str, Any]:
+    """One message of a `deliver_batch` command's `messages`."""
+    item: dict[str, Any] = {"topic": topic, "payload": _b64_text(payload), "qos": qos}
+    if properties is not None:
+        item["properties"] = properties_to_json(properties)
+    return item
+
+
 def encode_command(
     cmd: str, *, request_id: str | None = None, reply: str | None = None, **fields: Any
 ) -> bytes:

@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from sidecar.local.events import (
     Snapshot,
     Subscribe,
     Unsubscribe,
+    deliver_item,
 )
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.peering.transport import FrameTooLarge
@@ -51,7 +52,11 @@ from sidecar.sessions.sqlite import SqliteSessionStore
 
 log = logging.getLogger("mqfed.sessions")
 
-BACKLOG_TIMEOUT = 10.0
+BACKLOG_TIMEOUT = 10.0  # seconds for a peer to take a moving session's queue, plus:
+BACKLOG_TIMEOUT_PER_MESSAGE = 0.002  # for each message in it (10,000: 30 s in all)
+DELIVER_BATCH = 500  # messages of a moving session's queue per plugin command
+DELIVER_BATCH_BYTES = 1 << 20  # and about this many payload bytes
+DELIVER_BATCH_TIMEOUT = 10.0
 SYNC_TIMEOUT = 30.0
 """How long a peer whose stream is up has to confirm a barrier (a loaded peer is waited for;
 a peer whose stream goes down is passed over at once: what it routed here before it went
@@ -84,6 +89,21 @@ def _described(action: object) -> dict[str, Any]:
         else:
             out[field.name] = value
     return out
+
+
+def _batches(envs: list[Envelope]) -> Iterator[list[Envelope]]:
+    """`envs` in order, at most DELIVER_BATCH messages or about DELIVER_BATCH_BYTES each."""
+    batch: list[Envelope] = []
+    size = 0
+    for env in envs:
+        if batch and (len(batch) >= DELIVER_BATCH or size + len(env.payload)
+                      > DELIVER_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(env)
+        size += len(env.payload) + len(env.topic)
+    if batch:
+        yield batch
 
 
 def _record_fields(peer: str, record: SessionRecord) -> dict[str, Any]:
@@ -471,6 +491,8 @@ class SessionService:
         except Exception as exc:
             log.warning("draining a session failed: %s", exc, extra={"client": action.client})
         else:
+            log.debug("session collected", extra={"client": action.client,
+                                                   "messages": len(shadow.messages)})
             try:
                 ok = await self._hand_over(action.client, action.owner,
                                            [q for _, q in shadow.messages])
@@ -491,7 +513,8 @@ class SessionService:
         try:
             if not self._send(owner, wire.backlog_frame(client, exchange, envs)):
                 raise ConnectionError(f"no stream to {owner}")
-            ok = await asyncio.wait_for(fut, BACKLOG_TIMEOUT)
+            ok = await asyncio.wait_for(fut, BACKLOG_TIMEOUT
+                                        + len(envs) * BACKLOG_TIMEOUT_PER_MESSAGE)
         except Exception as exc:
             log.warning("handing a session's messages over failed: %s", exc,
                         extra={"client": client, "owner": owner, "messages": len(envs)})
@@ -505,19 +528,24 @@ class SessionService:
 
     async def _receive_backlog(self, peer: str, msg: peer_pb2.SessionBacklog,
                                inbound: bool) -> None:
+        """Deliver a moving session's queue into its session here, in order, in batches
+        (plugin `deliver_batch`: one command per DELIVER_BATCH messages)."""
         ok = True
-        for env in wire.backlog_from(msg):
+        envs = wire.backlog_from(msg)
+        log.debug("session messages arrived", extra={"client": msg.client, "peer": peer,
+                                                     "messages": len(envs)})
+        for batch in _batches(envs):
             try:
-                await self.request("deliver", client=msg.client, topic=env.topic,
-                                   payload=env.payload, qos=env.qos, properties=env.properties)
+                await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT,
+                                   client=msg.client, messages=[
+                                       deliver_item(e.topic, e.payload, e.qos, e.properties)
+                                       for e in batch])
             except Exception as exc:
                 log.warning("delivering a session's messages failed: %s", exc,
                             extra={"client": msg.client})
                 ok = False
                 break
-            self.counters["backlog_received"] += 1
-        log.debug("session messages received", extra={
-            "client": msg.client, "peer": peer, "messages": len(msg.envelopes), "ok": ok})
+            self.counters["backlog_received"] += len(batch)
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 
     async def _discard(self, action: Discard) -> None:

@@ -43,3 +43,19 @@ def test_a_peer_record_is_described():
     fields = _record_fields("n3", RECORD)
     assert fields == {"peer": "n3", "client": "c1", "owner": "n2", "online": False,
                       "deleted": False, "connect_hlc": 5}
+
+
+def test_a_moving_queue_goes_to_the_plugin_in_batches_in_order():
+    from sidecar.routing.forwarder import Envelope
+    from sidecar.sessions.service import DELIVER_BATCH, DELIVER_BATCH_BYTES, _batches
+
+    def env(i: int, size: int = 10) -> Envelope:
+        return Envelope("n1", 1, i, 1, f"t/{i}", b"x" * size, 1)
+
+    small = [env(i) for i in range(2 * DELIVER_BATCH + 3)]
+    batches = list(_batches(small))
+    assert [len(b) for b in batches] == [DELIVER_BATCH, DELIVER_BATCH, 3]
+    assert [e.origin_seq for b in batches for e in b] == list(range(len(small)))
+    big = [env(i, DELIVER_BATCH_BYTES // 2 - 100) for i in range(5)]
+    assert [len(b) for b in _batches(big)] == [2, 2, 1]
+    assert list(_batches([])) == []

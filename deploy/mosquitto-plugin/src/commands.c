@@ -354,6 +354,76 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 	reply_send(rq, o);
 }
 
+#define DELIVER_BATCH_MAX 10000 /* messages in one deliver_batch */
+
+/* One message of a batch into `client`'s session (or connection); NULL, or the error code. */
+static const char *deliver_item(const char *client, struct client *c, const cJSON *item)
+{
+	const char *topic = get_str(item, "topic");
+	const char *payload = get_str(item, "payload");
+	uint64_t qos;
+	unsigned char *buf = NULL;
+	size_t len = 0;
+	mosquitto_property *props = NULL;
+	int rc;
+
+	if(!cJSON_IsObject(item) || topic == NULL || payload == NULL || !get_uint(item, "qos", &qos)
+			|| qos > 2 || mosquitto_pub_topic_check(topic) != MOSQ_ERR_SUCCESS){
+		return "bad_request";
+	}
+	if(b64_decode(payload, &buf, &len) || len > INT32_MAX){
+		free(buf);
+		return "bad_request";
+	}
+	if(properties_from_json(cJSON_GetObjectItemCaseSensitive(item, "properties"), &props)){
+		free(buf);
+		return "bad_request";
+	}
+	rc = mosquitto_broker_publish_copy(client, topic, (int)len, buf, (int)qos, false, props);
+	free(buf);
+	if(rc != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&props);
+		return "internal";
+	}
+	if(!model_client_online(c) && qos > 0) model_note_queued(client);
+	return NULL;
+}
+
+/* Many messages for one client, in order (a moving session's queue): like `deliver` for each;
+ * on the first bad one, stops and says how many went before it (`delivered`). */
+static void cmd_deliver_batch(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const cJSON *items = cJSON_GetObjectItemCaseSensitive(req, "messages");
+	const cJSON *item;
+	const char *error = NULL;
+	struct client *c;
+	unsigned delivered = 0;
+	cJSON *o;
+
+	if(client == NULL || !cJSON_IsArray(items) || cJSON_GetArraySize(items) > DELIVER_BATCH_MAX){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	c = model_find(client);
+	if(c == NULL){
+		reply_error(rq, "unknown_client");
+		return;
+	}
+	cJSON_ArrayForEach(item, items){
+		error = deliver_item(client, c, item);
+		if(error) break;
+		delivered++;
+	}
+	o = reply_new(rq, error == NULL);
+	if(o){
+		if(error) cJSON_AddStringToObject(o, "error", error);
+		cJSON_AddNumberToObject(o, "delivered", delivered);
+		cJSON_AddBoolToObject(o, "queued", !model_client_online(c));
+	}
+	reply_send(rq, o);
+}
+
 static void cmd_kick(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
@@ -751,6 +821,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_resume(&rq, req);
 	}else if(streq(rq.cmd, "deliver")){
 		cmd_deliver(&rq, req);
+	}else if(streq(rq.cmd, "deliver_batch")){
+		cmd_deliver_batch(&rq, req);
 	}else if(streq(rq.cmd, "kick")){
 		cmd_kick(&rq, req);
 	}else if(streq(rq.cmd, "deny")){

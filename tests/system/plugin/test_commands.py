@@ -53,6 +53,33 @@ def test_deliver_to_offline_session_is_queued(broker, sidecar, client_factory):
     assert msg and msg[0].payload == b"later"
 
 
+def test_deliver_batch_queues_many_in_order_and_counts_them(broker, sidecar, client_factory):
+    """A moving session's queue in one command; `queued` counts them for `ctl sessions`."""
+    c = client_factory("mover", session_expiry=300, clean_start=False)
+    c.connect()
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="mover")
+    items = [{"topic": f"q/{i}", "payload": b64(str(i).encode()), "qos": 1}
+             for i in range(600)]
+    items[-1]["qos"] = 2  # (paho hands a QoS 2 message over at PUBREL: kept last for order)
+    items[1]["properties"] = {"user": [["k", "v"]]}
+    rep = sidecar.call("deliver_batch", client="mover", messages=items)
+    assert (rep["ok"], rep["delivered"], rep["queued"]) == (True, 600, True), rep
+    assert sidecar.call("queued", clients=["mover"])["queued"] == {"mover": 600}
+    again = client_factory("mover", session_expiry=300, clean_start=False)
+    assert again.connect() is True
+    got = again.wait_messages(lambda m: m.topic.startswith("q/"), count=600)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(600)]
+    assert got[-1].qos == 2
+    assert user_props(got[1].properties) == [("k", "v")]
+    bad = [items[0], {"topic": "q/+", "payload": "", "qos": 1}, items[2]]
+    rep = sidecar.call("deliver_batch", client="mover", messages=bad)
+    assert (rep["ok"], rep["error"], rep["delivered"]) == (False, "bad_request", 1), rep
+    assert sidecar.call("deliver_batch", client="nobody", messages=[])["error"] == \
+        "unknown_client"
+    assert sidecar.call("deliver_batch", client="mover", messages="x")["error"] == "bad_request"
+
+
 def test_deliver_for_a_subscription_the_client_left_is_refused(broker, sidecar, client_factory):
     """A shared group's pick made before the member's UNSUBSCRIBE is not delivered after it."""
     member = client_factory("member")
