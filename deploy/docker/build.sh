@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build mqfed's container images: mqfed/node, mqfed/etcd, mqfed/haproxy (tag $MQFED_IMAGE_TAG).
+# Build mqfed's container images: mqfed/node, mqfed/etcd, mqfed/haproxy, mqfed/prometheus
+# (tag $MQFED_IMAGE_TAG).
 #
 #   deploy/docker/build.sh                      # on a local Debian base made with debootstrap
 #   BASE_IMAGE=debian:bookworm-slim deploy/docker/build.sh   # on the public image (registry)
@@ -82,6 +83,7 @@ stage_context() {
     rm -rf "$CTX"
     mkdir -p "$CTX/mosquitto-plugin" "$CTX/wheels" "$CTX/src"
     cp "$ROOT"/deploy/docker/{Dockerfile,node.toml,entrypoint.sh,health.py,haproxy.cfg} "$CTX/"
+    cp "$ROOT"/deploy/prometheus/{prometheus.yml,alerts.yml} "$CTX/"
     cp -r "$ROOT"/deploy/mosquitto-plugin/{Makefile,src,third_party} "$CTX/mosquitto-plugin/"
     # the generated protobuf modules are part of the package: make sure they exist
     make -s -C "$ROOT" proto > /dev/null
@@ -115,8 +117,10 @@ fi
 stage_context
 build_target etcd "mqfed/etcd:$TAG"
 build_target haproxy "mqfed/haproxy:$TAG"
+build_target prometheus "mqfed/prometheus:$TAG"
 build_target build "mqfed/build:$TAG"  # tagged, so its cache survives the clean-up below
 build_target node "mqfed/node:$TAG"
 # each rebuild leaves the previous images untagged: drop those of ours, nothing else
 docker image prune -f --filter "label=org.mqfed.build=1" > /dev/null
-say "done in $(( $(date +%s) - started ))s: mqfed/node:$TAG mqfed/etcd:$TAG mqfed/haproxy:$TAG"
+say "done in $(( $(date +%s) - started ))s: mqfed/node:$TAG mqfed/etcd:$TAG mqfed/haproxy:$TAG" \
+    "mqfed/prometheus:$TAG"

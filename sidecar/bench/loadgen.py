@@ -24,6 +24,7 @@ import paho.mqtt.client as mqtt
 from sidecar.bench.load import ACK_TIMEOUT, LoadSpec, PublisherPool
 from sidecar.bench.measure import PROBE, Subscriber, summarize, wait_complete
 from sidecar.bench.traces import ReceivedTracer, TraceWriter, sub_line
+from sidecar.bench.watch import Watch, amount, no_watch
 
 PROBE_TIMEOUT = 20.0
 SESSION_EXPIRY = 300  # seconds a paused subscriber's session outlives its connection
@@ -123,8 +124,10 @@ def _pauser(sub: Subscriber, pause: Pause, started: float, errors: list[str]) ->
         errors.append(f"pause of the subscriber on {pause.node}: {exc}")
 
 
-def run_load(opts: LoadOptions, say: Callable[[str], None]) -> dict[str, Any]:
-    """Run the load; returns what each subscriber got (and writes traces if asked)."""
+def run_load(opts: LoadOptions, say: Callable[[str], None],
+             show: Watch = no_watch) -> dict[str, Any]:
+    """Run the load; returns what each subscriber got (and writes traces if asked). `show`
+    is shown the messages received by all subscribers (or the seconds elapsed)."""
     trace = TraceWriter(opts.traces, f"recv-{opts.run}") if opts.traces else None
     subs: dict[str, Subscriber] = {}
     tracers: list[ReceivedTracer] = []
@@ -158,13 +161,15 @@ def run_load(opts: LoadOptions, say: Callable[[str], None]) -> dict[str, Any]:
             pauser = threading.Thread(target=_pauser, args=(subs[opts.pause.node], opts.pause,
                                                             started, errors), daemon=True)
             pauser.start()
-        pool.go()
-        results = pool.results(_time_limit(opts))
-        if pauser is not None:
-            pauser.join()
-        total = sum(r.sent for r in results)
-        for sub in subs.values():
-            wait_complete(sub, total, idle=3.0)
+        with show(f"load {opts.run}", *amount([s.records for s in subs.values()],
+                                                opts.messages, opts.seconds)):
+            pool.go()
+            results = pool.results(_time_limit(opts))
+            if pauser is not None:
+                pauser.join()
+            total = sum(r.sent for r in results)
+            for sub in subs.values():
+                wait_complete(sub, total, idle=3.0)
         _trace_subscriptions(trace, "unsub", opts, subs)
     finally:
         pool.stop()

@@ -22,6 +22,7 @@ from sidecar.bench.load import ACK_TIMEOUT, LoadSpec, PublisherPool
 from sidecar.bench.measure import PROBE, Subscriber, summarize, wait_complete
 from sidecar.bench.observe import CpuMeter, LogWatch
 from sidecar.bench.traces import ReceivedTracer, TraceWriter, sub_line
+from sidecar.bench.watch import Watch, amount, no_watch
 from sidecar.devcluster.layout import PORT_SPAN
 from sidecar.devcluster.net import port_problem
 
@@ -103,8 +104,9 @@ def _time_limit(opts: BenchOptions) -> float:
 
 
 def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
-             logs: list[Path]) -> dict[str, Any]:
-    """Run one case; returns its figures, CPU use and new log warnings."""
+             logs: list[Path], show: Watch = no_watch) -> dict[str, Any]:
+    """Run one case; returns its figures, CPU use and new log warnings. `show` is shown
+    the messages received (or the seconds elapsed) while it publishes."""
     run = f"{opts.run or uuid.uuid4().hex[:8]}-{target.key}"
     sub = Subscriber(target.sub_port, f"bench/{target.key}/#", opts.qos,
                      f"bench-sub-{target.key}-{os.getpid()}", trace=opts.traces is not None)
@@ -127,9 +129,11 @@ def run_case(opts: BenchOptions, target: Target, pids: dict[str, int],
         meter.start()
         gc.disable()  # the subscriber's full collections paused it 10-25 ms: noise, not the hop
         try:
-            pool.go()
-            results = pool.results(_time_limit(opts))
-            last = wait_complete(sub, sum(r.sent for r in results))
+            with show(f"case {target.key}", *amount([sub.records], opts.messages,
+                                                     opts.seconds)):
+                pool.go()
+                results = pool.results(_time_limit(opts))
+                last = wait_complete(sub, sum(r.sent for r in results))
         finally:
             gc.enable()
         cpu = meter.stop(until=last)
@@ -169,7 +173,8 @@ def check_ports(opts: BenchOptions) -> None:
                                "choose another --base-port")
 
 
-def run(opts: BenchOptions, say: Callable[[str], None]) -> dict[str, Any]:
+def run(opts: BenchOptions, say: Callable[[str], None],
+        show: Watch = no_watch) -> dict[str, Any]:
     """Start the cluster and the bridge pair, run the cases, stop everything (always)."""
     check_ports(opts)
     cluster = BenchCluster(opts.run_dir / "cluster", opts.base_port)
@@ -192,7 +197,7 @@ def run(opts: BenchOptions, say: Callable[[str], None]) -> dict[str, Any]:
             pids, logs = (bridged, bridge.logs()) if key == "c" else (cluster.pids(),
                                                                      cluster.logs())
             before = {n: cluster.routing(n) for n in ("n1", "n2")} if key == "b" else {}
-            result = run_case(opts, _target(key, cluster, bridge), pids, logs)
+            result = run_case(opts, _target(key, cluster, bridge), pids, logs, show)
             if key == "b":
                 time.sleep(0.6)  # state.json is rewritten every 0.5 s
                 result["routing"] = {n: _delta(before[n], cluster.routing(n))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
+
+from sidecar.cli.progress import Progress, elapsed_since
 
 INSTALL_HINT = "install the pipeline extra: pip install -e '.[pipeline]' (and Java 17)"
 
@@ -47,18 +50,37 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tasks_done(spark: Any) -> Callable[[], float]:
+    """A progress poll: the Spark tasks completed so far, over every job of `spark`."""
+    tracker = spark.sparkContext.statusTracker()
+
+    def poll() -> float:
+        done = 0
+        for job_id in tracker.getJobIdsForGroup(None):
+            info = tracker.getJobInfo(job_id)
+            for stage_id in (info.stageIds if info else ()):
+                stage = tracker.getStageInfo(stage_id)
+                done += stage.numCompletedTasks if stage else 0
+        return done
+    return poll
+
+
 def run(args: argparse.Namespace, spark: Any = None) -> int:
-    """The command, on `spark` if given (tests share one session), else a new one."""
+    """The command, on `spark` if given (tests share one session), else a new one. On a
+    terminal (and without --json) a progress line shows Spark starting, then its tasks."""
     try:
         from pipeline import job, session, verdict
     except ImportError as exc:
         print(f"mqfed audit: error: {exc}; {INSTALL_HINT}", file=sys.stderr)
         return 2
+    progress = Progress.for_command(args.json)
     own = spark is None
     if own:
-        spark = session.build(args.master)
+        with progress.watch("audit: starting Spark", elapsed_since(), unit="s"):
+            spark = session.build(args.master)
     try:
-        summary = job.audit(spark, args.traces, args.out)
+        with progress.watch("audit: Spark tasks", tasks_done(spark), unit=" tasks"):
+            summary = job.audit(spark, args.traces, args.out)
     except job.TraceError as exc:
         print(f"mqfed audit: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
 from sidecar.bench.scale import ScaleOptions, render_scale, run_scale
 from sidecar.bench.sessions import SessionsOptions, render_sessions, run_sessions
 from sidecar.bench.table import render
+from sidecar.cli.progress import Progress, elapsed_since
 
 DEFAULT_BASE_PORT = 22883
 DEFAULT_RUN_DIR = Path("run/bench")
@@ -124,16 +125,26 @@ def _interrupt(signum: int, _frame) -> None:
 
 
 def _report(args: argparse.Namespace, run_it: Callable[..., dict], opts: object,
-            render_it: Callable[[dict], str]) -> int:
-    """Run one benchmark (`run_it(opts, say)`), stopping what it started on Ctrl-C, SIGTERM
-    or SIGHUP, and print its report (JSON with --json)."""
+            render_it: Callable[[dict], str], watched: bool = False) -> int:
+    """Run one benchmark (`run_it(opts, say)`, or `run_it(opts, say, watch)` if `watched`),
+    stopping what it started on Ctrl-C, SIGTERM or SIGHUP, and print its report (JSON with
+    --json). On a terminal a progress bar shows the messages received in each case
+    (`watched`) or the time elapsed and the current step."""
+    progress = Progress.for_command(args.json)
+
     def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        progress.say(text)
+        progress.note(text.rstrip(" .")[:60])
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)  # stop what was started, as for Ctrl-C
     try:
-        report = run_it(opts, say)
+        with progress:
+            if watched:
+                report = run_it(opts, progress.say, progress.watch)
+            else:
+                with progress.watch("bench", elapsed_since(), unit="s"):
+                    report = run_it(opts, say)
     except KeyboardInterrupt:
         say("mqfed bench: interrupted; everything it started is stopped")
         return 130
@@ -182,4 +193,4 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         size=args.size,
                         publishers=args.publishers, window=args.window, cases=args.cases,
                         traces=args.traces.resolve() if args.traces else None)
-    return _report(args, run, opts, render)
+    return _report(args, run, opts, render, watched=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sidecar.chaos import scenarios
 from sidecar.chaos.runner import ChaosOptions, run
+from sidecar.cli.progress import Progress, elapsed_since
 from sidecar.devcluster.errors import ClusterError
 
 
@@ -62,12 +63,22 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                         checker=args.checker, fault_seconds=args.fault_seconds, k=args.k)
     names = scenarios.ALL if args.scenario == "all" else (args.scenario,)
     results = []
+    # on a terminal: one bar per scenario, its load's seconds, and the step it is at
+    progress = Progress.for_command(args.json)
+
+    def say(text: str) -> None:
+        progress.say(text)
+        progress.note(text.partition(": ")[2][:60])
+
     try:
-        for name in names:
-            row = run(name, opts, lambda text: print(text, file=sys.stderr, flush=True))
-            results.append(row)
-            print(f"{name}: {row['verdict']}" + "".join(f"\n  {r}" for r in row["reasons"]),
-                  file=sys.stderr, flush=True)
+        with progress:
+            for i, name in enumerate(names, 1):
+                with progress.watch(f"chaos {i}/{len(names)} {name}", elapsed_since(),
+                                    args.seconds, unit="s"):
+                    row = run(name, opts, say)
+                results.append(row)
+                progress.say(f"{name}: {row['verdict']}"
+                             + "".join(f"\n  {r}" for r in row["reasons"]))
     except (ClusterError, ValueError) as exc:
         print(f"mqfed chaos: error: {exc}", file=sys.stderr)
         return 2

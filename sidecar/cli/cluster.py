@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sidecar.cli.progress import Progress
 from sidecar.config import NODE_ID_RE
 from sidecar.devcluster import launcher, rolling
 from sidecar.devcluster.layout import (
@@ -20,6 +21,8 @@ from sidecar.devcluster.layout import (
 )
 from sidecar.devcluster.state import ClusterError, ClusterState
 from sidecar.private_files import make_private
+
+MANY_NODES = 5  # `up` of this many nodes or more shows a progress bar on a terminal
 
 LAYOUT_HELP = (
     "Ports for base port P: front (HAProxy) P; node i MQTT P+i, gRPC P+100+i, admin P+200+i, "
@@ -194,9 +197,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"starting etcd, {args.nodes} node(s) and HAProxy in {run_dir} ...",
               file=sys.stderr, flush=True)
+    # many nodes take a while: on a terminal, a bar of the parts ready
+    progress = Progress.for_command(args.json, wanted=args.nodes >= MANY_NODES)
+    progress.stage("up", args.nodes + 2, unit="step")
     with launcher.deferred_signals():  # Ctrl-C/SIGTERM stop what was started, at any time
         try:
-            state = launcher.up(opts)
+            with progress:
+                state = launcher.up(opts, lambda done, _all, text: progress.set(done, text))
         except ClusterError as exc:
             return _fail("up", exc)
         except KeyboardInterrupt:

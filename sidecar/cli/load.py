@@ -12,6 +12,7 @@ from typing import Any
 
 from sidecar.bench import payload
 from sidecar.bench.loadgen import LoadOptions, Pause, run_load
+from sidecar.cli.progress import Progress
 
 NODE_RE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+):(\d+)$")
 
@@ -145,8 +146,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
+    progress = Progress.for_command(args.json)  # on a terminal: the messages received so far
     try:
-        report = run_load(opts, lambda text: print(text, file=sys.stderr, flush=True))
+        with progress:
+            report = run_load(opts, progress.say, progress.watch)
     except KeyboardInterrupt:
         print("mqfed load: interrupted; its publishers are stopped", file=sys.stderr)
         return 130

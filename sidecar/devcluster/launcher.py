@@ -99,8 +99,10 @@ def _node_failure(layout: Layout, node: NodeRecord, why: str) -> str:
     return text
 
 
-def _wait_nodes(layout: Layout, group: list[NodeRecord], timeout: float) -> None:
-    """Wait until every node of `group` reports ready; record each one's Mosquitto."""
+def _wait_nodes(layout: Layout, group: list[NodeRecord], timeout: float,
+                on_ready: Callable[[NodeRecord], None] | None = None) -> None:
+    """Wait until every node of `group` reports ready; record each one's Mosquitto (and
+    tell `on_ready`)."""
     pending = list(group)
     deadline = time.monotonic() + timeout
     while pending:
@@ -109,6 +111,8 @@ def _wait_nodes(layout: Layout, group: list[NodeRecord], timeout: float) -> None
             if nodes.ready(layout, node):
                 node.mosquitto = nodes.find_mosquitto(layout, node)
                 pending.remove(node)
+                if on_ready is not None:
+                    on_ready(node)
             elif not node.sidecar or node.sidecar.exited():
                 raise ClusterError(_node_failure(layout, node, "exited during start-up"))
         if pending and time.monotonic() > deadline:
@@ -194,8 +198,12 @@ def check(opts: UpOptions) -> tuple[str, str]:
     return etcd_bin, haproxy_bin
 
 
-def up(opts: UpOptions) -> ClusterState:
-    """Start etcd, the nodes and the front; on any failure stop what was started."""
+Step = Callable[[int, int, str], None]  # (steps done, steps in all, what was just done)
+
+
+def up(opts: UpOptions, step: Step | None = None) -> ClusterState:
+    """Start etcd, the nodes and the front; on any failure stop what was started. `step`
+    hears of each part ready: etcd, each node, the front (nodes + 2 steps)."""
     etcd_bin, haproxy_bin = check(opts)
     layout = Layout(opts.base_port, opts.run_dir)
     with locked(opts.run_dir):
@@ -215,7 +223,7 @@ def up(opts: UpOptions) -> ClusterState:
         if opts.foreground:
             state.launcher = identify(os.getpid(), "up")
         try:
-            _start(state, etcd_bin, haproxy_bin, opts)
+            _start(state, etcd_bin, haproxy_bin, opts, step or (lambda *_: None))
         except BaseException:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
@@ -225,8 +233,11 @@ def up(opts: UpOptions) -> ClusterState:
     return state
 
 
-def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions) -> None:
+def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions,
+           step: Step) -> None:
     lay = state.layout
+    steps = opts.nodes + 2
+    ready: list[str] = []
     if opts.netns:
         state.netns = netns.choose(lay.run_dir)
         save(state)  # recorded before it exists: a failure below removes it
@@ -238,6 +249,7 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
     _wait(lambda: etcd.healthy(lay), state.etcd, "etcd", etcd.log_path(lay), opts.timeout)
     if state.netns is None:  # namespaced nodes reach etcd off loopback: a password needs TLS
         etcd.enable_auth(lay, state.cluster, opts.timeout)
+    step(1, steps, "etcd ready")
     for i in range(1, opts.nodes + 1):  # all known first: each node's peer list names them
         node = _new_node(state, i)
         state.nodes[node.id] = node
@@ -245,7 +257,12 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
         node.sidecar = nodes.start(state, node)
         save(state)
         _checkpoint()
-    _wait_nodes(lay, list(state.nodes.values()), opts.timeout)
+
+    def node_ready(node: NodeRecord) -> None:
+        ready.append(node.id)
+        step(1 + len(ready), steps, f"{node.id} ready")
+
+    _wait_nodes(lay, list(state.nodes.values()), opts.timeout, node_ready)
     save(state)
     servers = [(n.id, n.ports.mqtt, n.ports.metrics, n.host) for n in state.nodes.values()]
     state.haproxy = haproxy.start(haproxy_bin, lay, servers)
@@ -253,6 +270,7 @@ def _start(state: ClusterState, etcd_bin: str, haproxy_bin: str, opts: UpOptions
     _checkpoint()
     _wait(lambda: haproxy.socket_path(lay).exists() and port_open(lay.front_port),
           state.haproxy, "HAProxy", haproxy.log_path(lay), opts.timeout)
+    step(steps, steps, "front ready")
 
 
 def serve(run_dir: Path) -> None:

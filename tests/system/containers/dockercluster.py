@@ -36,7 +36,8 @@ TAG = os.environ.get("MQFED_IMAGE_TAG", "dev")
 NODE_IMAGE = f"mqfed/node:{TAG}"
 ETCD_IMAGE = f"mqfed/etcd:{TAG}"
 HAPROXY_IMAGE = f"mqfed/haproxy:{TAG}"
-IMAGES = (NODE_IMAGE, ETCD_IMAGE, HAPROXY_IMAGE)
+PROMETHEUS_IMAGE = f"mqfed/prometheus:{TAG}"  # compose only
+IMAGES = (NODE_IMAGE, ETCD_IMAGE, HAPROXY_IMAGE, PROMETHEUS_IMAGE)
 LABEL = "mqfed.test"
 # every container and network of this run carries it (with-engine.sh passes its own, to clean
 # up after a test process that died without its teardown)

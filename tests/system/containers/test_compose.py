@@ -1,10 +1,12 @@
 """`docker-compose up` of compose/docker-compose.yml, as a user runs it (on free loopback
-ports), then MQTT through its front across the three nodes; `down -v` after, also on failure."""
+ports), then MQTT through its front across the three nodes, and its Prometheus scraping them;
+`down -v` after, also on failure."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import socket
@@ -14,12 +16,14 @@ import urllib.request
 import uuid
 
 import pytest
+import yaml
 
 from tests.system.containers.dockercluster import COMPOSE_PROJECTS, ROOT, SESSION, TAG
 from tests.system.drain.traffic import under_traffic
 from tests.system.node.mqtt import Client
 
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
 
 def _free_ports(n: int) -> list[int]:
@@ -45,9 +49,10 @@ def _front_status(port: int) -> dict[str, str]:
 def compose_project(engine, images):
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose is not installed (`make install` installs Debian's)"
-    ports = _free_ports(8)
+    ports = _free_ports(9)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MQFED_IMAGE_TAG": TAG,
            "MQFED_FRONT_PORT": str(ports[0]), "MQFED_FRONT_STATS_PORT": str(ports[1]),
+           "MQFED_PROMETHEUS_PORT": str(ports[8]),
            # the compose file's example tokens, accepted explicitly (nodes refuse them else)
            "MQFED_ALLOW_DEFAULT_TOKENS": "1"}
     for i in (1, 2, 3):
@@ -70,7 +75,7 @@ def compose_project(engine, images):
         COMPOSE_PROJECTS.append(project)
         run("up", "-d")
         yield {"front": ports[0], "stats": ports[1],
-               "metrics": [ports[3], ports[5], ports[7]], "run": run}
+               "metrics": [ports[3], ports[5], ports[7]], "prometheus": ports[8], "run": run}
     except BaseException:
         print(run("logs", "--no-color", "--tail", "60", check=False).stdout)
         raise
@@ -159,3 +164,40 @@ def test_compose_rolling_restart_under_qos1_traffic_loses_nothing(compose_projec
     assert outcome.summary["lost"] == 0, outcome.summary["lost_ranges"][:5]
     assert all(outcome.reconnects), "every subscriber was moved at least once"
     assert all(all(r) for r in outcome.reconnects), "a session did not resume"
+
+
+def _prometheus(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}", timeout=5) as reply:
+        body = json.loads(reply.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def test_compose_prometheus_scrapes_every_node_with_the_alert_rules(compose_project):
+    """Issue 22: compose's Prometheus (published on loopback only) has every node as a
+    healthy target, under its `node` label, and the alert groups of deploy/prometheus
+    loaded with every rule of alerts.yml."""
+    ports = compose_project
+    published = ports["run"]("port", "prometheus", "9090").stdout.strip()
+    assert published == f"127.0.0.1:{ports['prometheus']}", published
+    health: dict[str, str] = {}
+    deadline = time.monotonic() + 150  # the nodes start, then one 15 s scrape interval
+    while time.monotonic() < deadline:
+        try:
+            targets = _prometheus(ports["prometheus"], "targets")["activeTargets"]
+            health = {t["labels"].get("node", "?"): t["health"] for t in targets}
+        except OSError:
+            health = {}
+        if health == {"n1": "up", "n2": "up", "n3": "up"}:
+            break
+        time.sleep(1)
+    assert health == {"n1": "up", "n2": "up", "n3": "up"}, f"Prometheus targets: {health}"
+    assert {t["scrapeUrl"] for t in targets} == {
+        f"http://{n}-front:9101/metrics" for n in ("n1", "n2", "n3")}
+
+    want = {g["name"]: {r["alert"] for r in g["rules"]}
+            for g in yaml.safe_load(ALERTS.read_text())["groups"]}
+    groups = _prometheus(ports["prometheus"], "rules?type=alert")["groups"]
+    loaded = {g["name"]: {r["name"] for r in g["rules"]} for g in groups}
+    assert loaded == want
+    assert all(g["file"].endswith("/alerts.yml") for g in groups)

@@ -140,12 +140,12 @@ def test_k8s_node_container_matches_the_image_and_the_sidecar_config():
             f"mqfed-0.{node['spec']['serviceName']}.default.svc.cluster.local:")
 
 
-def _compose_config() -> dict:
+def _compose_config(**env: str) -> dict:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose is not installed (`make install` installs Debian's)")
     result = subprocess.run([binary, "-f", str(COMPOSE), "config"], capture_output=True,
-                            text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+                            text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **env})
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
     return yaml.safe_load(result.stdout)
 
@@ -153,7 +153,7 @@ def _compose_config() -> dict:
 def test_compose_file_validates_and_matches_the_design():
     cfg = _compose_config()
     services = cfg["services"]
-    assert set(services) == {"etcd", "n1", "n2", "n3", "front"}
+    assert set(services) == {"etcd", "n1", "n2", "n3", "front", "prometheus"}
     # published ports: the front on 1883, admin and metrics per node; dev default loopback
     published = {name: [str(p) for p in svc.get("ports", [])] for name, svc in services.items()}
     assert "127.0.0.1:1883:1883/tcp" in published["front"]
@@ -181,6 +181,35 @@ def test_compose_file_validates_and_matches_the_design():
         assert admin_host in svc["networks"]["front"]["aliases"], \
             f"{name}: its admin address {admin_host} is not its name on the front network"
     assert set(services["front"]["networks"]) == {"front"}
+
+
+def test_compose_prometheus_scrapes_each_node_and_stays_on_loopback():
+    """The Prometheus service scrapes exactly the node services, by their names on the
+    network it shares with them, and is published on 127.0.0.1 even when MQFED_BIND exposes
+    the rest (its UI and API have no login)."""
+    cfg = _compose_config(MQFED_BIND="0.0.0.0")
+    services = cfg["services"]
+    prom = services["prometheus"]
+    assert [str(p) for p in prom["ports"]] == ["127.0.0.1:9090:9090/tcp"]
+    assert any(str(p).startswith("0.0.0.0:") for p in services["front"]["ports"])
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert scrape["rule_files"] == ["alerts.yml"]
+    [job] = scrape["scrape_configs"]
+    targets = {t["labels"]["node"]: t["targets"] for t in job["static_configs"]}
+    nodes = {n for n in services if re.fullmatch(r"n\d+", n)}
+    assert set(targets) == nodes
+    port = _metrics_port_from_image_config()
+    for name, [target] in targets.items():
+        host, _, target_port = target.rpartition(":")
+        assert int(target_port) == port
+        shared = set(prom["networks"]) & set(services[name]["networks"])
+        assert any(host in (services[name]["networks"][net] or {}).get("aliases", [])
+                   for net in shared), f"Prometheus cannot reach {target} on {shared}"
+    # the image is built with those two files, side by side, and checks them while it builds
+    text = (DOCKER / "Dockerfile").read_text()
+    stage = text[text.index("AS prometheus"):text.index("AS build")]
+    assert "COPY prometheus.yml alerts.yml /etc/mqfed/prometheus/" in stage
+    assert "promtool check config" in stage
 
 
 def test_dockerfile_takes_the_base_image_as_an_argument():
