@@ -26,6 +26,7 @@ CTL_OPTIONS = {
     "--token": ["t0k"],
     "--token-file": ["/nowhere/token"],
     "--tls-ca": ["/nowhere/ca.pem"],
+    "--run-dir": ["/nowhere/run"],
     "--timeout": ["2.5"],
     "--json": [],
 }
