@@ -54,6 +54,8 @@ log = logging.getLogger("mqfed.sessions")
 
 BACKLOG_TIMEOUT = 10.0  # seconds for a peer to take a moving session's queue, plus:
 BACKLOG_TIMEOUT_PER_MESSAGE = 0.002  # for each message in it (10,000: 30 s in all)
+BACKLOG_FRAME_BYTES = 8 << 20  # payload bytes of a moving queue per SessionBacklog frame
+BACKLOG_FRAME_MESSAGES = 10_000  # and messages
 DELIVER_BATCH = 500  # messages of a moving session's queue per plugin command
 DELIVER_BATCH_BYTES = 1 << 20  # and about this many payload bytes
 DELIVER_BATCH_TIMEOUT = 10.0
@@ -91,13 +93,15 @@ def _described(action: object) -> dict[str, Any]:
     return out
 
 
-def _batches(envs: list[Envelope]) -> Iterator[list[Envelope]]:
-    """`envs` in order, at most DELIVER_BATCH messages or about DELIVER_BATCH_BYTES each."""
+def _batches(envs: list[Envelope], count: int = 0,
+             size_limit: int = 0) -> Iterator[list[Envelope]]:
+    """`envs` in order, at most `count` messages or about `size_limit` bytes each (defaults:
+    DELIVER_BATCH, DELIVER_BATCH_BYTES); one message above the size goes alone."""
+    count, size_limit = count or DELIVER_BATCH, size_limit or DELIVER_BATCH_BYTES
     batch: list[Envelope] = []
     size = 0
     for env in envs:
-        if batch and (len(batch) >= DELIVER_BATCH or size + len(env.payload)
-                      > DELIVER_BATCH_BYTES):
+        if batch and (len(batch) >= count or size + len(env.payload) > size_limit):
             yield batch
             batch, size = [], 0
         batch.append(env)
@@ -151,7 +155,8 @@ class SessionService:
         self._handover_sum = 0.0
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0,
-                         "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0}
+                         "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0,
+                         "backlog_frames": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
         self._counting = False
@@ -502,29 +507,39 @@ class SessionService:
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
     async def _hand_over(self, client: str, owner: str, queued: list) -> bool:
+        """Send a drained session's queue to its new owner, in frames of at most
+        BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next."""
         if not queued:
             return True
-        exchange = next(self._exchanges)
         hlc = self.clock.now(_wall_ms()).pack()
         envs = [Envelope(self.node_id, self.incarnation, next(self._seq), hlc, q.topic,
                          q.payload, q.qos, False, q.properties) for q in queued]
+        ok = True
+        for part in _batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES):
+            ok = await self._hand_over_part(client, owner, part)
+            if not ok:
+                break
+        self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
+        log.debug("session messages handed over", extra={
+            "client": client, "owner": owner, "messages": len(envs), "ok": ok})
+        return ok
+
+    async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope]) -> bool:
+        exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
         try:
             if not self._send(owner, wire.backlog_frame(client, exchange, envs)):
                 raise ConnectionError(f"no stream to {owner}")
-            ok = await asyncio.wait_for(fut, BACKLOG_TIMEOUT
-                                        + len(envs) * BACKLOG_TIMEOUT_PER_MESSAGE)
+            self.counters["backlog_frames"] += 1
+            return bool(await asyncio.wait_for(
+                fut, BACKLOG_TIMEOUT + len(envs) * BACKLOG_TIMEOUT_PER_MESSAGE))
         except Exception as exc:
             log.warning("handing a session's messages over failed: %s", exc,
                         extra={"client": client, "owner": owner, "messages": len(envs)})
-            ok = False
+            return False
         finally:
             self._backlog_acks.pop((client, exchange), None)
-        self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
-        log.debug("session messages handed over", extra={
-            "client": client, "owner": owner, "messages": len(envs), "ok": ok})
-        return ok
 
     async def _receive_backlog(self, peer: str, msg: peer_pb2.SessionBacklog,
                                inbound: bool) -> None:

@@ -59,3 +59,13 @@ def test_a_moving_queue_goes_to_the_plugin_in_batches_in_order():
     big = [env(i, DELIVER_BATCH_BYTES // 2 - 100) for i in range(5)]
     assert [len(b) for b in _batches(big)] == [2, 2, 1]
     assert list(_batches([])) == []
+
+
+def test_a_moving_queue_goes_to_the_peer_in_frames_of_bounded_size():
+    from sidecar.routing.forwarder import Envelope
+    from sidecar.sessions.service import _batches
+
+    envs = [Envelope("n1", 1, i, 1, "t", b"x" * 300, 1) for i in range(10)]
+    assert [len(b) for b in _batches(envs, 4, 10**9)] == [4, 4, 2]
+    assert [len(b) for b in _batches(envs, 100, 1000)] == [3, 3, 3, 1]
+    assert [len(b) for b in _batches(envs, 100, 10)] == [1] * 10  # one above the size: alone

@@ -314,3 +314,30 @@ def test_ctl_sessions_shows_the_messages_queued_for_an_offline_session_per_node(
     wait_for(lambda: views()["n1"]["here"] == "online", 10, "n1 holds it online")
     assert int(views()["n1"]["queued"]) == -1
     dev.leave()
+
+
+def test_a_queue_larger_than_a_peer_frame_moves_whole_and_in_order(shared_cluster):
+    """100 messages of 200 KB (20 MB) queued on n1 reach the client on n3: the old owner sends
+    them in frames of at most 8 MiB, each delivered before the next."""
+    cluster = shared_cluster
+    topic = f"bigqueue/{time.time_ns()}"
+    dev = _session(cluster, "n1", topic)
+    pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id=f"bigpub-{time.time_ns()}", protocol=mqtt.MQTTv5)
+    pub.connect("127.0.0.1", cluster.ports["n2"])
+    pub.loop_start()
+    try:
+        infos = [pub.publish(topic, str(i).encode().ljust(200_000), qos=1)
+                 for i in range(100)]
+        for info in infos:
+            info.wait_for_publish(30)
+        assert all(i.is_published() for i in infos)
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+    frames = cluster.state("n1")["cluster_sessions"]["backlog_frames"]
+    assert dev.connect(cluster.ports["n3"]) is True
+    assert dev.wait_count(100, timeout=60) == list(range(100))
+    wait_for(lambda: cluster.state("n1")["cluster_sessions"]["backlog_frames"] >= frames + 3,
+             10, "n1 sending the 20 MB in three frames or more")
+    dev.leave()
