@@ -41,11 +41,12 @@ class SessionsOptions:
     sessions: int = 10_000
     moves: int = 200
     messages: int = 20_000
+    queue: int = 8_000
     timeout: float = 300.0
 
 
-def _connect(port: int, client_id: str, clean: bool, retry: bool = False) -> tuple[
-        mqtt.Client, bool, float]:
+def _connect(port: int, client_id: str, clean: bool, retry: bool = False,
+             on_message: Callable[..., None] | None = None) -> tuple[mqtt.Client, bool, float]:
     """A connected paho v5 client, session present, and seconds to the CONNACK."""
     client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                          client_id=client_id, protocol=mqtt.MQTTv5,
@@ -60,6 +61,8 @@ def _connect(port: int, client_id: str, clean: bool, retry: bool = False) -> tup
             up.set()
 
     client.on_connect = on_connect
+    if on_message is not None:
+        client.on_message = on_message
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = EXPIRY
     start = time.monotonic()
@@ -185,6 +188,45 @@ def _handover(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> di
             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
 
 
+def _queue_move(cluster: BenchCluster, opts: SessionsOptions, run: str,
+                say) -> dict[str, Any]:
+    """One session with `opts.queue` messages queued on n1 (published on n2 while it is
+    offline) resumed on n3: CONNECT until the last message arrives, and their order."""
+    say(f"queue move: {opts.queue:,} messages queued on n1, resumed on n3 ...")
+    topic, client_id = f"sq/{run}", f"sq-{run}"
+    _make_one(cluster.port("n1"), client_id, topic)
+    publisher = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                            client_id=f"sqp-{run}", protocol=mqtt.MQTTv5)
+    publisher.max_inflight_messages_set(100)
+    publisher.connect("127.0.0.1", cluster.port("n2"))
+    publisher.loop_start()
+    try:
+        infos = [publisher.publish(topic, str(i).encode(), qos=1) for i in range(opts.queue)]
+        for info in infos:
+            info.wait_for_publish(opts.timeout)
+    finally:
+        publisher.disconnect()
+        publisher.loop_stop()
+    time.sleep(1.0)  # routed into the offline session
+    got: list[int] = []
+    arrived = threading.Event()
+
+    def on_message(c, u, msg) -> None:
+        got.append(int(msg.payload))
+        if len(got) >= opts.queue:
+            arrived.set()
+
+    start = time.monotonic()
+    client, present, _ = _connect(cluster.port("n3"), client_id, clean=False, retry=True,
+                                  on_message=on_message)
+    arrived.wait(opts.timeout)
+    took = time.monotonic() - start
+    client.disconnect()
+    client.loop_stop()
+    return {"messages": opts.queue, "received": len(got), "session_present": present,
+            "in_order": got == list(range(opts.queue)), "seconds": round(took, 2)}
+
+
 def run_sessions(opts: SessionsOptions, say: Callable[[str], None]) -> dict[str, Any]:
     """The three phases on a fresh 3-node cluster in `opts.run_dir`; stops it at the end."""
     cluster = BenchCluster(opts.run_dir, opts.base_port, timeout=120, nodes=3)
@@ -199,6 +241,8 @@ def run_sessions(opts: SessionsOptions, say: Callable[[str], None]) -> dict[str,
         say("live traffic with them ...")
         report["traffic_with"] = _throughput(cluster, opts.messages, run + "b", say)
         report["handover"] = _handover(cluster, opts, run, say)
+        if opts.queue:
+            report["queue_move"] = _queue_move(cluster, opts, run, say)
         report["join"] = _join(cluster, opts, say)
     finally:
         complaint = cluster.down()
@@ -222,4 +266,13 @@ def render_sessions(report: dict[str, Any]) -> str:
         f"{j['records_after_ready_s']} s and serves every session {j['serving_after_ready_s']}"
         " s after it was ready",
         f"live traffic n2 -> n1, QoS 1 flat out: {b['msgs_per_s']:,} msgs/s without sessions,"
-        f" {w['msgs_per_s']:,} with them ({w['received']:,} of {w['messages']:,} received)"])
+        f" {w['msgs_per_s']:,} with them ({w['received']:,} of {w['messages']:,} received)",
+        *_queue_line(report.get("queue_move"))])
+
+
+def _queue_line(q: dict[str, Any] | None) -> list[str]:
+    if not q:
+        return []
+    return [f"queue move: {q['messages']:,} messages queued on n1, resumed on n3 (session "
+            f"present {'yes' if q['session_present'] else 'NO'}): {q['received']:,} received"
+            f" in {q['seconds']} s, in order: {'yes' if q['in_order'] else 'NO'}"]

@@ -28,6 +28,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text}")
+    return value
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -106,6 +113,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                       help="run the session benchmark with N sessions")
     sess.add_argument("--moves", type=_positive_int, default=200,
                       help="sessions resumed on another node (default: 200)")
+    sess.add_argument("--queue", type=_non_negative_int, default=8000,
+                      help="then one session with this many messages queued on n1, resumed "
+                      "on n3: time until all arrived (default: 8000; 0 skips it)")
     drain = p.add_argument_group(
         "--drain", "Instead: how long draining a node takes (`mqfed ctl drain`), on a 3-node "
         "cluster. CLIENTS clients, PERSISTENT of them with persistent sessions, connect to n1 "
@@ -164,7 +174,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     return _report(args, run_sessions, SessionsOptions(
         run_dir=args.run_dir.resolve(), base_port=args.base_port, sessions=args.sessions,
-        moves=args.moves, messages=args.messages or 20_000), render_sessions)
+        moves=args.moves, messages=args.messages or 20_000, queue=args.queue),
+        render_sessions)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

@@ -119,7 +119,8 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     with session present, a joining node serves them all; figures present, never judged."""
     if not PLUGIN.exists():
         pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
-    result = mqfed("bench", "--sessions", "60", "--moves", "9", "--messages", "500", "--json",
+    result = mqfed("bench", "--sessions", "60", "--moves", "9", "--messages", "500",
+                   "--queue", "700", "--json",
                    "--run-dir",
                    str(bench_dir / "cluster"), "--base-port", str(_base_port()), timeout=300)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
@@ -134,6 +135,9 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     assert make["replicated_after_s"] >= 0  # a replica of each (sessions.replicas 2)
     for phase in ("traffic_before", "traffic_with"):
         assert report[phase]["received"] == 500 and report[phase]["msgs_per_s"] > 0
+    queue = report["queue_move"]
+    assert (queue["messages"], queue["received"], queue["session_present"], queue["in_order"]) \
+        == (700, 700, True, True), queue
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
 
 
