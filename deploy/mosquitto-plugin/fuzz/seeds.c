@@ -106,6 +106,9 @@ static const char *const COMMANDS[] = {
 	"{\"v\":1,\"id\":\"4\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver\",\"client\":\"c1\",\"topic\":\"a/b\",\"payload\":\"aGVsbG8=\",\"qos\":1,\"properties\":{\"user\":[[\"k\",\"v\"]],\"content_type\":\"t\",\"response_topic\":\"r\",\"payload_format\":1,\"message_expiry\":5,\"correlation_data\":\"AAE=\"}}",
 	"{\"v\":1,\"id\":\"5\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver\",\"client\":\"mqfed-sidecar.fwd\",\"topic\":\"$SYS/broker/mqfed/fwd-probe\",\"payload\":\"\",\"qos\":1}",
 	"{\"v\":1,\"id\":\"6\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver\",\"client\":\"c2\",\"topic\":\"a/#\",\"payload\":\"=\",\"qos\":3,\"subscription\":\"$share/g/a/#\"}",
+	"{\"v\":1,\"id\":\"6b\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver_batch\",\"client\":\"c1\",\"messages\":[{\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":1},{\"topic\":\"a/c\",\"payload\":\"\",\"qos\":2,\"properties\":{\"user\":[[\"k\",\"v\"]]}},{\"topic\":\"a/+\",\"payload\":\"x\",\"qos\":1}]}",
+	"{\"v\":1,\"id\":\"6c\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"queued\",\"clients\":[\"c1\",\"c2\",7]}",
+	"{\"v\":1,\"id\":\"6d\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"queued\"}",
 	"{\"v\":1,\"id\":\"7\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"kick\",\"client\":\"c1\",\"with_will\":true}",
 	"{\"v\":1,\"id\":\"8\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deny\",\"client\":\"c2\",\"mode\":\"session\"}",
 	"{\"v\":1,\"id\":\"9\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"admit\",\"client\":\"c2\"}",
@@ -179,6 +182,7 @@ void seeds_make(struct blob **out, size_t *count)
 
 const char *const FUZZ_DICTIONARY[] = {
 	"\"cmd\":\"deliver\"", "\"cmd\":\"snapshot\"", "\"cmd\":\"resume\"", "\"cmd\":\"kick\"",
+	"\"cmd\":\"deliver_batch\"", "\"messages\":[", "\"cmd\":\"queued\"", "\"clients\":[",
 	"\"cmd\":\"deny\"", "\"cmd\":\"hold\"", "\"cmd\":\"admission\"", "\"cmd\":\"pressure\"", "\"cmd\":\"ack\"",
 	"\"properties\":{\"user\":[[\"a\",\"b\"]]}", "\"correlation_data\":\"", "\"payload\":\"",
 	"\"client\":\"mqfed-sidecar.fwd\"", "\"subscription\":\"$share/g/#\"", "\"qos\":2",

@@ -295,68 +295,10 @@ static void cmd_resume(const struct request *rq, const cJSON *req)
 	}
 }
 
-static void cmd_deliver(const struct request *rq, const cJSON *req)
-{
-	const char *client = get_str(req, "client");
-	const char *topic = get_str(req, "topic");
-	const char *payload = get_str(req, "payload");
-	const char *subscription = get_str(req, "subscription");
-	uint64_t qos;
-	unsigned char *buf = NULL;
-	size_t len = 0;
-	mosquitto_property *props = NULL;
-	struct client *c;
-	cJSON *o;
-	int rc;
-
-	if(client == NULL || topic == NULL || payload == NULL || !get_uint(req, "qos", &qos) || qos > 2
-			|| mosquitto_pub_topic_check(topic) != MOSQ_ERR_SUCCESS){
-		reply_error(rq, "bad_request");
-		return;
-	}
-	/* the forwarding connection takes probes: their packet id follows every copy routed to it
-	 * before, so a gap before a probe shows copies Mosquitto dropped (docs/plugin-protocol.md) */
-	c = model_find(client);
-	if(c == NULL && !(sidecar_fwd_conn() != NULL && streq(client, sidecar_fwd_id()))){
-		reply_error(rq, "unknown_client");
-		return;
-	}
-	/* a delivery for a subscription (a shared group's pick) is refused once the client has
-	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it */
-	if(subscription != NULL){
-		if(c == NULL || !model_client_has_sub(c, subscription)){
-			reply_error(rq, "not_subscribed");
-			return;
-		}
-	}
-	if(b64_decode(payload, &buf, &len) || len > INT32_MAX){
-		free(buf);
-		reply_error(rq, "bad_request");
-		return;
-	}
-	if(properties_from_json(cJSON_GetObjectItemCaseSensitive(req, "properties"), &props)){
-		free(buf);
-		reply_error(rq, "bad_request");
-		return;
-	}
-	rc = mosquitto_broker_publish_copy(client, topic, (int)len, buf, (int)qos, false, props);
-	free(buf);
-	if(rc != MOSQ_ERR_SUCCESS){
-		mosquitto_property_free_all(&props);
-		reply_error(rq, "internal");
-		return;
-	}
-	if(c != NULL && !model_client_online(c) && qos > 0){
-		model_note_queued(client); /* held by its offline session: `queued` counts it */
-	}
-	o = reply_new(rq, true);
-	if(o) cJSON_AddBoolToObject(o, "queued", c != NULL && !model_client_online(c));
-	reply_send(rq, o);
-}
-
 #define DELIVER_BATCH_MAX 10000 /* messages in one deliver_batch */
 
-/* One message of a batch into `client`'s session (or connection); NULL, or the error code. */
+/* One message (`deliver`, or one of a `deliver_batch`) into `client`'s session or connection
+ * (`c`: its model entry, NULL for the forwarding connection); NULL, or the error code. */
 static const char *deliver_item(const char *client, struct client *c, const cJSON *item)
 {
 	const char *topic = get_str(item, "topic");
@@ -385,8 +327,47 @@ static const char *deliver_item(const char *client, struct client *c, const cJSO
 		mosquitto_property_free_all(&props);
 		return "internal";
 	}
-	if(!model_client_online(c) && qos > 0) model_note_queued(client);
+	if(c != NULL && !model_client_online(c) && qos > 0){
+		model_note_queued(client); /* held by its offline session: `queued` counts it */
+	}
 	return NULL;
+}
+
+static void cmd_deliver(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const char *subscription = get_str(req, "subscription");
+	const char *error;
+	struct client *c;
+	cJSON *o;
+
+	if(client == NULL){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	/* the forwarding connection takes probes: their packet id follows every copy routed to it
+	 * before, so a gap before a probe shows copies Mosquitto dropped (docs/plugin-protocol.md) */
+	c = model_find(client);
+	if(c == NULL && !(sidecar_fwd_conn() != NULL && streq(client, sidecar_fwd_id()))){
+		reply_error(rq, "unknown_client");
+		return;
+	}
+	/* a delivery for a subscription (a shared group's pick) is refused once the client has
+	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it */
+	if(subscription != NULL){
+		if(c == NULL || !model_client_has_sub(c, subscription)){
+			reply_error(rq, "not_subscribed");
+			return;
+		}
+	}
+	error = deliver_item(client, c, req);
+	if(error){
+		reply_error(rq, error);
+		return;
+	}
+	o = reply_new(rq, true);
+	if(o) cJSON_AddBoolToObject(o, "queued", c != NULL && !model_client_online(c));
+	reply_send(rq, o);
 }
 
 /* Many messages for one client, in order (a moving session's queue): like `deliver` for each;
