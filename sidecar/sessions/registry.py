@@ -440,6 +440,14 @@ class SessionRegistry:
                 "denied": len(self.denied), "busy": len(self.busy),
                 "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
 
+    def takes_backlog(self, client: str) -> bool:
+        """Whether a moving session's queue for `client` may go into its session here: only
+        while this node owns it. A queue that arrives after the client moved on (or after
+        this node handed the session on) is refused, and its sender retries towards the
+        owner it learns of."""
+        record = self.records.get(client)
+        return record is not None and record.owner == self.node_id and not record.deleted
+
     def latest_connect(self, client: str) -> int | None:
         """The connect HLC of `client`'s latest connection known anywhere (None: none); a
         drain's hand-off of its session is not one."""

@@ -156,7 +156,7 @@ class SessionService:
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0,
                          "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0,
-                         "backlog_frames": 0}
+                         "backlog_frames": 0, "backlog_refused": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
         self._counting = False
@@ -545,11 +545,13 @@ class SessionService:
                                inbound: bool) -> None:
         """Deliver a moving session's queue into its session here, in order, in batches
         (plugin `deliver_batch`: one command per DELIVER_BATCH messages)."""
-        ok = True
         envs = wire.backlog_from(msg)
-        log.debug("session messages arrived", extra={"client": msg.client, "peer": peer,
-                                                     "messages": len(envs)})
-        for batch in _batches(envs):
+        ok = self.registry.takes_backlog(msg.client)
+        log.debug("session messages arrived", extra={
+            "client": msg.client, "peer": peer, "messages": len(envs), "taken": ok})
+        if not ok:  # the sender keeps them and retries towards the owner it learns of
+            self.counters["backlog_refused"] += len(envs)
+        for batch in _batches(envs) if ok else ():
             try:
                 await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT,
                                    client=msg.client, messages=[

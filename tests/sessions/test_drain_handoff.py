@@ -114,3 +114,21 @@ def test_a_session_made_ahead_then_handed_here_is_drained_where_its_client_conne
     c.connect("n3", "dev", present=True)
     assert c.take("n2", Discard) == []
     assert c.take("n2", Drain) == [Drain("dev", "n3", ("a/#",))]
+
+
+def test_a_queue_arriving_after_its_client_moved_on_is_refused():
+    """n1's queue for `dev` is on its way to n2 (the owner then) when `dev` connects on n3:
+    n2 has drained its own copy to n3 already and must not take the late queue (a chaos
+    rolling restart lost 855 messages into such a copy); n1 retries towards n3."""
+    c = offline_on_n1()
+    n2 = c.nodes["n2"]
+    c.run("n1", c.nodes["n1"].set_unavailable(frozenset({"n1", "n3"}), c.now))
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    assert n2.records["dev"].owner == "n2" and n2.takes_backlog("dev")
+    assert not c.nodes["n3"].takes_backlog("dev")
+    c.connect("n3", "dev", present=True)
+    assert not n2.takes_backlog("dev") and c.nodes["n3"].takes_backlog("dev")
+    c.run("n1", c.nodes["n1"].on_drained("dev", False, c.now))  # refused: n1 keeps its copy
+    c.now += 2_000
+    c.run("n1", c.nodes["n1"].on_tick(c.now))
+    assert c.take("n1", Drain)[-1] == Drain("dev", "n3", ("a/#",))
