@@ -417,8 +417,11 @@ class ForwardClient:
         same identifier and options share a SUBSCRIBE packet (up to `PACKET_FILTERS`), so each
         copy still carries the identifier of the filter it matched."""
         run: list[str] = []
+        wanted = (0, False)
         for i, (filter, sid, no_local) in enumerate(subs):
-            self._subscribed[filter] = (sid, no_local)
+            if wanted != (sid, no_local):
+                wanted = (sid, no_local)  # one tuple per run: filters on one id share it
+            self._subscribed[filter] = wanted
             run.append(filter)
             following = subs[i + 1] if i + 1 < len(subs) else None
             if (following is None or following[1:] != (sid, no_local)
