@@ -172,6 +172,25 @@ def test_parse_filter() -> None:
         parse_filter("$share/g")
 
 
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(["a", "/", "+", "#", "$", "$share/", "ü", "\x00", "\x9f",
+                                  "\ud800", "\ufdd0", "\U0001ffff", "\ufffd"]), max_size=12))
+def test_parse_filter_fast_path_agrees_with_the_rules(parts: list[str]) -> None:
+    from sidecar.topics import _parse_filter
+
+    text = "".join(parts)
+
+    try:
+        expected: object = _parse_filter(text)
+    except TopicError:
+        expected = TopicError
+    try:
+        got: object = parse_filter(text)
+    except TopicError:
+        got = TopicError
+    assert got == expected
+
+
 # ---- trie ----------------------------------------------------------------------------------
 
 
