@@ -201,7 +201,7 @@ def _literal(key: InterestKey) -> bool:
 class RemoteInterest:
     """Every peer's interest, the local forwarding subscriptions, and the forwarding decision.
 
-    Interest per peer: `apply_snapshot` replaces it (chunked snapshots are collected first);
+    Interest per peer: `apply_snapshot` replaces it (a chunked one with its last chunk);
     `apply_delta` applies it only if its `from_version` is the peer's current version (and
     `to_version` is greater), otherwise it is ignored and a `RequestSnapshot` is returned (once,
     until the next snapshot). Keys that are not valid MQTT filters are skipped and counted in
