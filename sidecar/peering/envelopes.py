@@ -127,15 +127,17 @@ def _uint(number: int, value: int) -> bytes:
     return _varint(number << 3) + _varint(value) if value else b""
 
 
-def _keys(entries: Iterable[peer_pb2.InterestEntry]) -> frozenset[InterestKey]:
-    return frozenset(InterestKey(e.group if e.HasField("group") else None, e.filter)
-                     for e in entries)
-
-
-def _since(*lists: Iterable[peer_pb2.InterestEntry]) -> dict[InterestKey, int]:
-    """The subscribe times the entries carry (catch-up)."""
-    return {InterestKey(e.group if e.HasField("group") else None, e.filter): e.since_ms
-            for entries in lists for e in entries if e.since_ms}
+def _keys(entries: Iterable[peer_pb2.InterestEntry],
+          since: dict[InterestKey, int] | None = None) -> frozenset[InterestKey]:
+    """The entries' keys, in one pass; their subscribe times (catch-up) go into `since`."""
+    keys = []
+    append_key = keys.append
+    for e in entries:
+        key = InterestKey(e.group if e.HasField("group") else None, e.filter)
+        append_key(key)
+        if since is not None and e.since_ms:
+            since[key] = e.since_ms
+    return frozenset(keys)
 
 
 def interest_snapshot_frame(snap: InterestSnapshot) -> bytes:
@@ -163,10 +165,12 @@ def interest_applied_frame(version: int) -> bytes:
 
 
 def snapshot_from(msg: peer_pb2.InterestSnapshot) -> InterestSnapshot:
-    return InterestSnapshot(msg.version, _keys(msg.entries), msg.chunk, not msg.more,
-                            _since(msg.entries))
+    since: dict[InterestKey, int] = {}
+    keys = _keys(msg.entries, since)
+    return InterestSnapshot(msg.version, keys, msg.chunk, not msg.more, since)
 
 
 def delta_from(msg: peer_pb2.InterestDelta) -> InterestDelta:
-    return InterestDelta(msg.from_version, msg.to_version, _keys(msg.added), _keys(msg.removed),
-                         _since(msg.added))
+    since: dict[InterestKey, int] = {}
+    added = _keys(msg.added, since)
+    return InterestDelta(msg.from_version, msg.to_version, added, _keys(msg.removed), since)
