@@ -9,8 +9,10 @@ with ``$``; ``$share/<group>/<filter>`` is a shared subscription that matches li
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterator, Mapping
+from sys import intern
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "MAX_LENGTH",
@@ -105,8 +107,21 @@ def _split_share(filter: str) -> tuple[str | None, str]:
     return None, filter
 
 
+_PLAIN = re.compile("[^+#\ud800-\udfff" + _REFUSED.pattern[1:-1] + "]+")
+"""A filter of these characters alone is valid if not too long and not shared: no wildcard,
+nothing Mosquitto refuses, no lone surrogate (so it encodes as UTF-8, at most 4 bytes each)."""
+
+
 def parse_filter(filter: str) -> tuple[str | None, str]:
     """Validate a topic filter and return ``(share group or None, topic filter)``."""
+    if (len(filter) <= MAX_LENGTH // 4 and _PLAIN.fullmatch(filter) is not None
+            and not filter.startswith(SHARE_PREFIX)):
+        return None, filter  # the common case in one regex (literal filters, issue 24)
+    return _parse_filter(filter)
+
+
+def _parse_filter(filter: str) -> tuple[str | None, str]:
+    """`parse_filter` rule by rule."""
     kind = "topic filter"
     _check_string(kind, filter)
     if filter.startswith(SHARE_PREFIX):
@@ -152,14 +167,69 @@ def matches(filter: str, topic: str) -> bool:
 
 V = TypeVar("V", bound=Hashable)
 
+_NO_CHILDREN: Mapping[str, Any] = MappingProxyType({})
+"""The children of every leaf (shared, read-only): a node gets its own dict with its first child."""
+
+_SEVERAL = "\x00several"
+"""`_Node.filter` when several filters end on the node (no valid filter contains U+0000)."""
+
+
+_ABSENT: Any = object()
+"""`_Node.lookup` of a filter not stored (None is a value like any other)."""
+
+
+class _Many(set):
+    """Several values under one filter (a single value is stored as itself, without a set)."""
+
+    __slots__ = ()
+
 
 class _Node(Generic[V]):
-    __slots__ = ("children", "entries")
+    """One level. Memory per stored filter is what the routing tables pay per remote filter, so
+    a leaf holds no containers of its own: the filter ending here and its value (or a `_Many`)
+    sit in two slots; only a node where several filters end (``a`` and ``$share/g/a``) keeps a
+    dict filter -> value."""
+
+    __slots__ = ("children", "filter", "value")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[V]] = {}
-        # full filter as given (shared or not) -> values; several filters can end on one node
-        self.entries: dict[str, set[V]] = {}
+        self.children: Mapping[str, _Node[V]] = _NO_CHILDREN
+        self.filter: str | None = None  # the filter ending here, None, or _SEVERAL
+        self.value: Any = None  # its value or _Many; with _SEVERAL: dict filter -> either
+
+    def entries(self) -> Iterator[tuple[str, Any]]:
+        """(filter, value or _Many) of every filter ending here."""
+        if self.filter is None:
+            return iter(())
+        if self.filter is _SEVERAL:
+            return iter(self.value.items())
+        return iter(((self.filter, self.value),))
+
+    def lookup(self, filter: str) -> Any:
+        """The value (or _Many) stored under `filter` here, `_ABSENT` if none."""
+        if self.filter is _SEVERAL:
+            return self.value.get(filter, _ABSENT)
+        return self.value if self.filter == filter else _ABSENT
+
+    def store(self, filter: str, stored: Any) -> None:
+        """Set the value (or _Many) of `filter`, or remove it (`stored` `_ABSENT`)."""
+        if self.filter is _SEVERAL:
+            entries: dict[str, Any] = self.value
+            if stored is _ABSENT:
+                entries.pop(filter, None)
+                if len(entries) == 1:
+                    (self.filter, self.value), = entries.items()
+            else:
+                entries[filter] = stored
+        elif self.filter is None or self.filter == filter:
+            self.filter, self.value = (None, None) if stored is _ABSENT else (filter, stored)
+        elif stored is not _ABSENT:
+            self.value = {self.filter: self.value, filter: stored}
+            self.filter = _SEVERAL
+
+
+def _values(stored: Any) -> Iterator[Any]:
+    return iter(stored) if type(stored) is _Many else iter((stored,))
 
 
 class TopicTrie(Generic[V]):
@@ -167,29 +237,40 @@ class TopicTrie(Generic[V]):
 
     A trie over filter levels (shared filters are keyed by their inner filter), so a lookup costs
     about the number of levels times the number of wildcard branches, not the number of filters.
-    `match` returns a new set of the values of every matching filter.
+    `match` returns a new set of the values of every matching filter. A filter with one value
+    costs one node and its key in the parent (no per-filter set or dict; level names are
+    interned, so ``.../0`` … ``.../999`` under many parents share their strings).
     """
 
     def __init__(self) -> None:
         self._root: _Node[V] = _Node()
         self._count = 0
 
-    def add(self, filter: str, value: V) -> bool:
-        """Store value under filter (validated); return False if it was already there."""
-        _, inner = parse_filter(filter)
+    def add(self, filter: str, value: V, *, checked: bool = False) -> bool:
+        """Store value under filter (validated, unless the caller did: `checked`); return False
+        if it was already there."""
+        _, inner = _split_share(filter) if checked else parse_filter(filter)
         node = self._root
         for level in inner.split("/"):
             child = node.children.get(level)
             if child is None:
-                child = node.children[level] = _Node()
+                if node.children is _NO_CHILDREN:
+                    node.children = {}
+                child = node.children[intern(level)] = _Node()  # type: ignore[index]
             node = child
-        values = node.entries.get(filter)
-        if values is None:
-            values = node.entries[filter] = set()
+        stored = node.lookup(filter)
+        if stored is _ABSENT:
+            node.store(filter, value)
             self._count += 1
-        if value in values:
+            return True
+        if type(stored) is _Many:
+            if value in stored:
+                return False
+            stored.add(value)
+            return True
+        if stored is value or stored == value:
             return False
-        values.add(value)
+        node.store(filter, _Many((stored, value)))
         return True
 
     def remove(self, filter: str, value: V) -> bool:
@@ -203,18 +284,27 @@ class TopicTrie(Generic[V]):
                 return False
             path.append((node, level))
             node = child
-        values = node.entries.get(filter)
-        if values is None or value not in values:
+        stored = node.lookup(filter)
+        if stored is _ABSENT:
             return False
-        values.discard(value)
-        if not values:
-            del node.entries[filter]
-            self._count -= 1
-            for parent, level in reversed(path):
-                child = parent.children[level]
-                if child.entries or child.children:
-                    break
-                del parent.children[level]
+        if type(stored) is _Many:
+            if value not in stored:
+                return False
+            stored.discard(value)
+            if len(stored) == 1:
+                node.store(filter, next(iter(stored)))
+            return True
+        if not (stored is value or stored == value):
+            return False
+        node.store(filter, _ABSENT)
+        self._count -= 1
+        for parent, level in reversed(path):
+            child = parent.children[level]
+            if child.filter is not None or child.children:
+                break
+            del parent.children[level]  # type: ignore[attr-defined]
+            if not parent.children:
+                parent.children = _NO_CHILDREN
         return True
 
     def get(self, filter: str) -> set[V]:
@@ -222,7 +312,8 @@ class TopicTrie(Generic[V]):
         node: _Node[V] | None = self._root
         for level in _split_share(filter)[1].split("/"):
             node = node.children.get(level) if node is not None else None
-        return set(node.entries.get(filter, ())) if node is not None else set()
+        stored = node.lookup(filter) if node is not None else _ABSENT
+        return set() if stored is _ABSENT else set(_values(stored))
 
     def _nodes(self, topic: str) -> Iterator[_Node[V]]:
         """Every node whose filters match the topic, each once."""
@@ -255,20 +346,27 @@ class TopicTrie(Generic[V]):
         """The values of every filter that matches the topic name."""
         result: set[V] = set()
         for node in self._nodes(topic):
-            for values in node.entries.values():
-                result |= values
+            filter = node.filter
+            if filter is None:
+                continue
+            for stored in (node.value.values() if filter is _SEVERAL else (node.value,)):
+                if type(stored) is _Many:
+                    result |= stored
+                else:
+                    result.add(stored)
         return result
 
     def matching_filters(self, topic: str) -> list[str]:
         """Every stored filter (as given, shared or not) that matches the topic name, sorted."""
-        return sorted(f for node in self._nodes(topic) for f in node.entries)
+        return sorted(f for node in self._nodes(topic) for f, _ in node.entries())
 
     def filters(self) -> Iterator[str]:
         """Every stored filter, as given."""
         stack = [self._root]
         while stack:
             node = stack.pop()
-            yield from node.entries
+            for filter, _ in node.entries():
+                yield filter
             stack.extend(node.children.values())
 
     def __contains__(self, filter: object) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -171,6 +172,25 @@ def test_parse_filter() -> None:
         parse_filter("$share/g")
 
 
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(["a", "/", "+", "#", "$", "$share/", "ü", "\x00", "\x9f",
+                                  "\ud800", "\ufdd0", "\U0001ffff", "\ufffd"]), max_size=12))
+def test_parse_filter_fast_path_agrees_with_the_rules(parts: list[str]) -> None:
+    from sidecar.topics import _parse_filter
+
+    text = "".join(parts)
+
+    try:
+        expected: object = _parse_filter(text)
+    except TopicError:
+        expected = TopicError
+    try:
+        got: object = parse_filter(text)
+    except TopicError:
+        got = TopicError
+    assert got == expected
+
+
 # ---- trie ----------------------------------------------------------------------------------
 
 
@@ -198,6 +218,34 @@ def test_trie_add_remove_len_filters() -> None:
     assert len(trie) == 0
     assert list(trie.filters()) == []
     assert trie._root.children == {}  # pruned
+
+
+def test_trie_values_collapse_back_to_one_and_none_is_a_value() -> None:
+    trie: TopicTrie[int | None] = TopicTrie()
+    assert trie.add("a", None) and not trie.add("a", None)
+    assert trie.match("a") == {None} and "a" in trie
+    assert trie.add("a", 1) and trie.add("$share/g/a", 2)  # two values, two filters on "a"
+    assert trie.remove("a", None) and trie.get("a") == {1}
+    assert trie.remove("$share/g/a", 2) and trie.matching_filters("a") == ["a"]
+    assert not trie.remove("a", 2) and trie.match("a") == {1}
+    assert trie.add("a/b", 3, checked=True) and trie.match("a/b") == {3}  # (caller validated)
+
+
+def test_trie_leaf_costs_no_container_of_its_own() -> None:
+    """A filter with one value is a node and its key in the parent (the routing tables pay this
+    per remote filter): well under the ~600 B a dict and a set per leaf cost before."""
+    names = [f"s/{i // 100}/{i % 100}" for i in range(10_000)]
+    trie: TopicTrie[str] = TopicTrie()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for name in names:
+            trie.add(name, name)
+        per_filter = (tracemalloc.get_traced_memory()[0] - before) / len(names)
+    finally:
+        tracemalloc.stop()
+    assert per_filter < 200, per_filter
+    assert trie.match("s/7/42") == {"s/7/42"} and len(trie) == 10_000
 
 
 def test_trie_rejects_invalid_filters() -> None:

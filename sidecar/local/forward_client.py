@@ -25,7 +25,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -58,6 +58,11 @@ PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
 PACKET_FILTERS = 256
 """Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""
+
+_OPTIONS = {no_local: SubscribeOptions(qos=2, noLocal=no_local, retainAsPublished=True,
+                                       retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
+                                       ).pack()[0] for no_local in (False, True)}
+"""The forwarding subscriptions' options byte, with and without No Local."""
 
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:
@@ -149,6 +154,7 @@ class ForwardClient:
         self._client.on_publish_packet = self._on_packet
         self._client.on_publish = self._on_publish
         self._client.on_subscribe = self._on_subscribe
+        self._client.on_suback_codes = self._on_suback_codes
 
     # ---- paho callbacks (on the loop thread, from LoopDriver) --------------------------
     def _schedule(self) -> None:
@@ -278,7 +284,18 @@ class ForwardClient:
             return
         if self._sub_waiters:
             self._wake_sub_waiters(mid)
-        codes = [c.value for c in reason_codes or ()]
+        self._subacked(entries, [c.value for c in reason_codes or ()])
+
+    def _on_suback_codes(self, mid: int, codes: bytes) -> None:
+        """A SUBACK as `LeanClient` reads it: what `_on_subscribe` does with paho's."""
+        entries = self._subscribing.pop(mid, None)
+        if entries is None:
+            return
+        if self._sub_waiters:
+            self._wake_sub_waiters(mid)
+        self._subacked(entries, codes)
+
+    def _subacked(self, entries: list[tuple[str, int]], codes: Sequence[int]) -> None:
         for i, (filter, subscription_id) in enumerate(entries):
             code = codes[i] if i < len(codes) else 0x80
             if code < 0x80:
@@ -417,8 +434,11 @@ class ForwardClient:
         same identifier and options share a SUBSCRIBE packet (up to `PACKET_FILTERS`), so each
         copy still carries the identifier of the filter it matched."""
         run: list[str] = []
+        wanted = (0, False)
         for i, (filter, sid, no_local) in enumerate(subs):
-            self._subscribed[filter] = (sid, no_local)
+            if wanted != (sid, no_local):
+                wanted = (sid, no_local)  # one tuple per run: filters on one id share it
+            self._subscribed[filter] = wanted
             run.append(filter)
             following = subs[i + 1] if i + 1 < len(subs) else None
             if (following is None or following[1:] != (sid, no_local)
@@ -427,11 +447,7 @@ class ForwardClient:
                 run = []
 
     def _send_subscribe(self, filters: list[str], subscription_id: int, no_local: bool) -> None:
-        props = Properties(PacketTypes.SUBSCRIBE)
-        props.SubscriptionIdentifier = subscription_id
-        options = SubscribeOptions(qos=2, noLocal=no_local, retainAsPublished=True,
-                                   retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-        _, mid = self._client.subscribe([(f, options) for f in filters], properties=props)
+        mid = self._client.subscribe_lean(filters, _OPTIONS[no_local], subscription_id)
         self.subscribe_packets += 1
         if mid is not None:
             self._subscribing[mid] = [(f, subscription_id) for f in filters]

@@ -109,3 +109,48 @@ def decode_publish(header: int, packet: bytes) -> LeanPublish:
     props, sids, pos = decode_properties(packet, pos)
     return LeanPublish(mid, topic, bytes(packet[pos:]), qos, bool(header & 0x01),
                        bool(header & 0x08), props, sids)
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if not value:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+def subscribe_packet(mid: int, filters: list[str], subscription_id: int,
+                     options: int) -> bytearray:
+    """A whole MQTT v5 SUBSCRIBE packet: every filter with the same options byte and the
+    subscription identifier (0: none). The filters must be valid (not checked here): paho
+    builds an options object, a bytes copy and a wildcard check per filter, a third of a
+    joining node's CPU for 100,000 forwarding subscriptions."""
+    props = b"\x0b" + _varint_bytes(subscription_id) if subscription_id else b""
+    option = bytes((options,))
+    body = bytearray(mid.to_bytes(2, "big"))
+    body += _varint_bytes(len(props))
+    body += props
+    for filter in filters:
+        data = filter.encode()
+        body += len(data).to_bytes(2, "big")
+        body += data
+        body += option
+    packet = bytearray(b"\x82")
+    packet += _varint_bytes(len(body))
+    packet += body
+    return packet
+
+
+def decode_suback(packet: bytes) -> tuple[int, bytes]:
+    """An MQTT v5 SUBACK's body (after the fixed header): (packet id, one reason code per
+    filter). ValueError or IndexError if malformed."""
+    if len(packet) < 3:
+        raise ValueError("SUBACK too short")
+    mid = (packet[0] << 8) | packet[1]
+    length, pos = _varint(packet, 2)
+    if pos + length > len(packet):
+        raise ValueError("SUBACK properties run past the packet")
+    return mid, bytes(packet[pos + length:])

@@ -72,6 +72,32 @@ class LeanClient(BufferedReadClient):
     the lean decoder refuses goes through paho as before (to `on_message`)."""
 
     on_publish_packet: Callable[[LeanPublish], None] | None = None
+    on_suback_codes: Callable[[int, bytes], None] | None = None
+    """Gets (packet id, reason codes) of each SUBACK instead of paho's `on_subscribe`."""
+
+    def subscribe_lean(self, filters: list[str], options: int,
+                       subscription_id: int) -> int | None:
+        """SUBSCRIBE to valid `filters` (the caller checked them), one options byte and
+        identifier for all, built by `mqtt_codec.subscribe_packet`; the packet id, or None
+        without a connection (as paho's `subscribe`)."""
+        if self._sock is None:
+            return None
+        mid = self._mid_generate()
+        self._packet_queue(0x82, mqtt_codec.subscribe_packet(mid, filters, subscription_id,
+                                                             options), mid, 1)
+        return mid
+
+    def _handle_suback(self) -> None:
+        hook = self.on_suback_codes
+        if hook is None or self._protocol != mqtt.MQTTv5:
+            return super()._handle_suback()
+        try:
+            mid, codes = mqtt_codec.decode_suback(self._in_packet["packet"])
+        except (ValueError, IndexError):
+            return super()._handle_suback()
+        with self._in_callback_mutex:
+            hook(mid, codes)
+        return None
 
     def _handle_publish(self) -> mqtt.MQTTErrorCode:
         hook = self.on_publish_packet

@@ -12,6 +12,7 @@ and snapshot chunks carry it in `since`, for the peers' catch-up (sidecar.routin
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -61,7 +62,10 @@ class LocalInterest:
     def __init__(self, keep_ms: int = KEEP_SINCE_MS) -> None:
         self.version = 0
         self._keys: set[InterestKey] = set()
-        self._since: dict[InterestKey, int] = {}  # recently added keys, oldest first
+        # recently added keys, oldest first: an OrderedDict, whose first entry is found in O(1)
+        # (a dict's iterator skips every entry deleted before it: forgetting 100,000 times
+        # one by one cost O(n^2), 8 s of a blocked loop after a bulk subscribe)
+        self._since: OrderedDict[InterestKey, int] = OrderedDict()
         self._keep_ms = keep_ms
 
     def __len__(self) -> int:
@@ -127,7 +131,7 @@ class LocalInterest:
             key = next(iter(since))
             if since[key] >= limit:
                 break
-            del since[key]
+            since.popitem(last=False)
 
     def snapshot(self) -> InterestSnapshot:
         """The whole interest at the current version."""

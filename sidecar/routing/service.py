@@ -10,6 +10,7 @@ timing: when a flush runs, the spill of messages a peer has not acked after PERS
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import time
@@ -82,6 +83,7 @@ TOO_LARGE_LOG_EVERY = 10.0  # seconds between log lines about oversized messages
 INTEREST_LINGER = 0.01  # seconds: interest deltas go at most this often, so a burst of
 # subscriptions becomes a few large deltas (per-frame costs dominate small ones); a change
 # after a quiet moment goes at once
+FREEZE_AFTER = 20_000  # interest keys (held here or for peers) changed between gc.freeze()s
 PERSIST_AFTER = 0.5  # seconds a QoS >= 1 message may wait for a peer's ack before it is spilled
 # (0.05 before: under load many copies waited longer, were written to SQLite and deleted again
 # a moment later, costing CPU that made the wait longer still; docs/performance.md section 8)
@@ -145,6 +147,7 @@ class RoutingService(CatchUpWiring):
         self.local_interest = LocalInterest()
         self.lag = InterestLag()
         self._interest_changes: list[InterestChange] = []
+        self._changed_since_freeze = 0  # interest keys changed since the last gc.freeze()
         self._interest_due = False
         self._interest_sent_at = 0.0
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
@@ -313,6 +316,7 @@ class RoutingService(CatchUpWiring):
         self._interest_due = False
         changes, self._interest_changes = self._interest_changes, []
         now = self._interest_sent_at = time.monotonic()
+        self._freeze_tables(len(changes))
         for delta in self.local_interest.apply_chunked(changes):
             frame = peer_frames.interest_delta_frame(delta)
             self.lag.on_sent(delta.to_version, now)
@@ -441,6 +445,19 @@ class RoutingService(CatchUpWiring):
                 after()
 
         self.persister.submit(self.remote.take_journal(), then)
+        self._freeze_tables(len(actions))
+
+    def _freeze_tables(self, changed: int) -> None:
+        """After every `FREEZE_AFTER` interest keys changed, move what the heap holds into the
+        permanent generation (`gc.freeze`, as at start-up): the routing tables live on, and a
+        full collection walking their million objects paused the loop for 100-400 ms (the tail
+        of the interest lag). Cyclic garbage alive at that moment is never collected: rare
+        (at most one freeze per 20,000 changes) and small."""
+        self._changed_since_freeze += changed
+        if self._changed_since_freeze >= FREEZE_AFTER:
+            self._changed_since_freeze = 0
+            gc.collect(1)  # (the young generations: cheap) so only survivors are frozen
+            gc.freeze()
 
     def _issue(self, actions: list[LocalSubscribe | LocalUnsubscribe]) -> None:
         """(Un)subscribe in order, many filters per packet."""

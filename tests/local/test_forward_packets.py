@@ -13,10 +13,10 @@ class Recorder:
     def __init__(self) -> None:
         self.packets: list[tuple[str, list[str], int | None]] = []
 
-    def subscribe(self, topics, properties=None):
-        [sid] = properties.SubscriptionIdentifier  # paho keeps it as a list
-        self.packets.append(("sub", [t for t, _ in topics], sid))
-        return 0, len(self.packets)
+    def subscribe_lean(self, filters, options, subscription_id):
+        assert options == (42 if filters[0].startswith("$share/") else 46)  # QoS 2, RAP, no
+        self.packets.append(("sub", list(filters), subscription_id))  # retained (+ No Local)
+        return len(self.packets)
 
     def unsubscribe(self, topics):
         self.packets.append(("unsub", list(topics), None))
@@ -54,3 +54,14 @@ def test_suback_codes_are_read_per_filter():
     fc._refused = lambda f, sid, code: refused.append((f, sid, code))
     fc._on_subscribe(None, None, 1, [Code(2), Code(0x87)], None)
     assert refused == [("b", 1, 0x87)]
+
+
+def test_lean_suback_codes_are_read_per_filter():
+    fc, rec = _client()
+    fc.subscribe_many([("a", 1, True), ("b", 1, True), ("c/+", 2, True)])
+    refused = []
+    fc._refused = lambda f, sid, code: refused.append((f, sid, code))
+    fc._on_suback_codes(2, b"\x02")  # the second packet: c/+
+    fc._on_suback_codes(1, b"\x87")  # a code missing: refused (0x80)
+    fc._on_suback_codes(1, b"\x02\x02")  # answered already: ignored
+    assert refused == [("a", 1, 0x87), ("b", 1, 0x80)]

@@ -73,3 +73,38 @@ def test_refuses_what_it_does_not_know(body):
     """Refused packets go to paho, which decodes them or reports them malformed."""
     with pytest.raises((ValueError, IndexError)):
         decode_publish(0x32, body)
+
+
+@pytest.mark.parametrize("sid", [1, 127, 300, 268_435_455])
+def test_subscribe_packet_is_what_paho_builds(sid):
+    from paho.mqtt.client import Client
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    from sidecar.local.mqtt_codec import subscribe_packet
+
+    client = Client(CallbackAPIVersion.VERSION2, protocol=MQTTv5)
+    queued = []
+    client._packet_queue = lambda command, packet, mid, qos, info=None: queued.append(
+        (command, bytes(packet), mid))
+    filters = ["a/+", "$share/g/b/#", "ü" * 70, "x" * 200]
+    options = SubscribeOptions(qos=2, noLocal=True, retainAsPublished=True,
+                               retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.SubscriptionIdentifier = sid
+    client._send_subscribe(False, [(f.encode(), options) for f in filters], props)
+    [(command, packet, mid)] = queued
+    assert command == 0x82
+    assert bytes(subscribe_packet(mid, filters, sid, options.pack()[0])) == packet
+
+
+def test_suback_decodes_as_paho_does():
+    from sidecar.local.mqtt_codec import decode_suback
+
+    props = Properties(PacketTypes.SUBACK)
+    props.ReasonString = "why"
+    for body in (b"\x01\x02\x00\x02\x87", b"\xff\xfe" + props.pack() + b"\x00\x80"):
+        theirs = _packet.decode_suback(0x90, body, MQTTv5)
+        assert decode_suback(body) == (theirs.mid, bytes(c.value for c in theirs.reason_codes))
+    with pytest.raises(ValueError):
+        decode_suback(b"\x00\x01\x05\x00")  # properties longer than the packet

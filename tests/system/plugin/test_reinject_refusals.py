@@ -137,7 +137,7 @@ def test_refused_reinjection_is_held_retried_in_order_and_arrives_once_allowed(p
 def test_refused_forwarding_subscription_is_counted_and_asked_again(procs):
     """Mosquitto 2.0.11 cannot refuse the forwarding identity a subscription (the mqfed plugin
     grants the sidecar everything, and its acl_file never checks subscribes), so the refusal
-    is fed to the client's SUBACK callback as paho would deliver it: it is counted and the
+    is fed to the client's SUBACK hook as the lean client reads it: it is counted and the
     subscription asked again, which the real Mosquitto then accepts (copies on it arrive)."""
     broker = Broker(procs, plugin=False).start()
     pub = Client("pub", port=broker.port)
@@ -150,18 +150,18 @@ def test_refused_forwarding_subscription_is_counted_and_asked_again(procs):
                             on_connected=lambda present: None)
         await fwd.connect()
         client = fwd._client  # noqa: SLF001 - the paho client whose SUBACKs are altered
-        real_on_subscribe = client.on_subscribe
+        real_on_codes = client.on_suback_codes  # (SUBACKs as the lean client reads them)
         subacks: list[int] = []
         refuse = [True]
 
-        def on_subscribe(c, userdata, mid, reason_codes, properties):
+        def on_codes(mid: int, codes: bytes) -> None:
             subacks.append(mid)
             if refuse[0]:  # as if Mosquitto had refused it
-                c.unsubscribe("secret/#")
-                reason_codes = [ReasonCode(PacketTypes.SUBACK, "Not authorized")]
-            real_on_subscribe(c, userdata, mid, reason_codes, properties)
+                client.unsubscribe("secret/#")
+                codes = bytes([ReasonCode(PacketTypes.SUBACK, "Not authorized").value])
+            real_on_codes(mid, codes)
 
-        client.on_subscribe = on_subscribe
+        client.on_suback_codes = on_codes
         fwd.subscribe("secret/#", 7, no_local=True)
         assert await _until(lambda: len(subacks) == 1, 3)
         assert fwd.subscribe_refused == 1 and fwd.stats()["subscribe_refused"] == 1
