@@ -475,7 +475,8 @@ class SessionRegistry:
     def hand_off_all(self, now_ms: int) -> list[Action]:
         """This node drains: give every persistent session it owns whose client is offline
         to another node up, a replica first. The record names the new owner with a connect
-        of its own (this node's clock), so the copy here is drained to it after a barrier,
+        of its own, just above the record's (a real connect of the client made meanwhile
+        elsewhere wins over it), so the copy here is drained to it after a barrier,
         as when a client moves; a replica there becomes the session (adopted) and gets that
         backlog too (what both hold comes twice, nothing is lost). Sessions busy or without
         a node to go to are left for a later call."""
@@ -488,9 +489,11 @@ class SessionRegistry:
             if target is None:
                 continue
             self.counters["handed_off"] += 1
-            hlc = self.clock.now(now_ms).pack()
-            out += self._store(replace(record, owner=target, connect_hlc=hlc, change_hlc=hlc,
-                                       fresh=False, client_connect_hlc=record.client_connect))
+            # the least connect above the record's: it supersedes the record, but any real
+            # connect of the client made meanwhile elsewhere (which saw that record) wins
+            out += self._store(replace(record, owner=target, connect_hlc=record.connect_hlc + 1,
+                                       change_hlc=self.clock.now(now_ms).pack(), fresh=False,
+                                       client_connect_hlc=record.client_connect))
             out += self._settle(client, now_ms)
         return out
 

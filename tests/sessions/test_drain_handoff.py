@@ -3,7 +3,7 @@ owns whose clients did not come back go to other nodes with what they queued."""
 
 from __future__ import annotations
 
-from sidecar.sessions.registry import Discard, Drain, Hold, Materialize
+from sidecar.sessions.registry import Discard, Drain, Hold, Kick, Materialize
 from tests.sessions.test_registry import Cluster
 from tests.sessions.test_replicas import Replicated, online_with_replica
 
@@ -132,3 +132,30 @@ def test_a_queue_arriving_after_its_client_moved_on_is_refused():
     c.now += 2_000
     c.run("n1", c.nodes["n1"].on_tick(c.now))
     assert c.take("n1", Drain)[-1] == Drain("dev", "n3", ("a/#",))
+
+
+def test_a_hand_off_racing_the_clients_own_connect_loses_to_it():
+    """n1 drains and hands `dev`'s session to n3 while `dev` resumes it on n2, before n1 has
+    heard of that: the client's connect wins everywhere and nobody kicks it (a hand-off once
+    carried a connect of its own, newer than the client's, and n2 kicked the client: a chaos
+    rolling restart lost the messages of its reconnect)."""
+    c = offline_on_n1()
+    n2 = c.nodes["n2"]
+    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
+    c.take("n2", Materialize)
+    c.run("n2", n2.on_materialized("dev", True, c.now))
+    c.now += 10
+    resumed = n2.on_connect("dev", None, "mqtt5", False, 600, True, c.now)  # not sent yet
+    c.run("n1", c.nodes["n1"].set_unavailable(frozenset({"n1", "n2"}), c.now))
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    c.run("n2", resumed)
+    for name, reg in c.nodes.items():
+        assert (reg.records["dev"].owner, reg.records["dev"].online) == ("n2", True), name
+    assert c.take("n2", Kick) == []
+    # n1's copy was on its way to n3, which no longer takes it; n1 retries towards n2
+    assert c.take("n1", Drain) == [Drain("dev", "n3", ("a/#",))]
+    assert not c.nodes["n3"].takes_backlog("dev") and n2.takes_backlog("dev")
+    c.run("n1", c.nodes["n1"].on_drained("dev", False, c.now))
+    c.now += 2_000
+    c.run("n1", c.nodes["n1"].on_tick(c.now))
+    assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",))]
