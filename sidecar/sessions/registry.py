@@ -694,8 +694,11 @@ class SessionRegistry:
         elif record is not None and record.owner == self.node_id and local == "session" \
                 and not self.held.get(client, (0, False))[1]:
             # a copy made ahead of its client that a drain then handed here: it is the
-            # session now (it gets the old owner's queue), drained when its client moves on
+            # session now (it gets the old owner's queue), drained when its client moves on;
+            # it queues from now on (held, nobody did while its client was away: the old
+            # owner holds its copy to drain it, and a chaos rolling restart lost 2 s so)
             self.held[client] = (record.connect_hlc, True)
+            out += self._release(client)
         if client not in self.busy and client not in self.failed and record is not None \
                 and record.owner != self.node_id and local == "session":
             out += self._settle_copy(client, record, now_ms)

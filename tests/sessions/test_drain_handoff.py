@@ -110,6 +110,7 @@ def test_a_session_made_ahead_then_handed_here_is_drained_where_its_client_conne
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
     assert n2.records["dev"].owner == "n2"
     assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",))]  # n1's queue goes to n2
+    assert c.take("n2", Hold)[-1] == Hold("dev", False)  # and n2's copy queues from now on
     c.take("n2", Discard)
     c.connect("n3", "dev", present=True)
     assert c.take("n2", Discard) == []
