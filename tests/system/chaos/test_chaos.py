@@ -21,14 +21,7 @@ def _run(cluster, name: str, checker: str = "load") -> dict:
     return run(name, opts, print)
 
 
-ROLLING = pytest.mark.xfail(strict=False, reason=(
-    "a session moving off a draining node while another node has just restarted can miss a "
-    "few messages published on the restarted node (21 of 41,952 deliveries in 1 of 4 full "
-    "runs, 1 of 5 short ones; docs/reliability.md, rolling-restart; issue 17)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=ROLLING) if n == "rolling-restart"
-                                  else n for n in LOOPBACK])
+@pytest.mark.parametrize("name", LOOPBACK)
 def test_scenario_loses_nothing_and_converges(chaos_cluster, name):
     row = _run(chaos_cluster, name)
     assert row["verdict"] == "PASS", row
