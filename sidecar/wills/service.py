@@ -38,6 +38,7 @@ TICK = 0.2
 SEND_DELAY = 0.005  # changes within this go as one frame
 PUBLISH_TIMEOUT = 5.0
 HANDOVER_TIMEOUT = 3.0
+FIRING_WAIT = 3.5  # seconds a drain waits for delayed wills due about now to be sent here
 DISCONNECTS_WAIT = 1.0  # at a handover: the kicked clients' disconnect events, at most
 
 
@@ -190,6 +191,10 @@ class WillService:
         deadline = started + timeout
         while loop.time() < started + DISCONNECTS_WAIT and self._armed_here():
             await asyncio.sleep(0.05)  # the kicked clients' disconnect events
+        firing_until = loop.time() + FIRING_WAIT
+        while loop.time() < firing_until and self.table.firing_here(_wall_ms()):
+            await asyncio.sleep(0.05)  # a will due now is sent by this node's Mosquitto
+        deadline = max(deadline, loop.time() + timeout)
         records = self.table.handover(_wall_ms())
         if not records:
             return 0

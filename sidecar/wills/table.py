@@ -21,7 +21,7 @@ Who publishes a will:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -52,6 +52,10 @@ class Connections(Protocol):
 OWNER_MARGIN_MS = 1_500
 """A delayed will on its live owner counts as sent this long after it was due (Mosquitto
 checks its delayed wills once a second)."""
+FIRING_AHEAD_MS = 1_500
+"""A drain waits for a delayed will due this soon to be sent here (OWNER_MARGIN_MS after it
+is due) rather than hand it over: the session's hand-off would cancel it in Mosquitto."""
+MOSQUITTO_LAG_MS = OWNER_MARGIN_MS
 DONE_KEEP_MS = 3_600_000
 """Done records are forgotten after this long (a newer connection supersedes them anyway)."""
 PURGE_EVERY_MS = 60_000
@@ -195,11 +199,34 @@ class WillTable:
                 out += self.on_connect(client, connect, will, known, None, epoch, now_ms)
         return out
 
+    def firing_here(self, now_ms: int) -> bool:
+        """Whether a delayed will of this node is about to be sent by its own Mosquitto, or
+        may just have been (which checks its delays once a second): a drain waits for that
+        before it hands the wills over."""
+        return any(due - FIRING_AHEAD_MS <= now_ms < due + MOSQUITTO_LAG_MS
+                   for due in self._local_dues())
+
+    def _local_dues(self) -> Iterator[int]:
+        for client in self.by_owner.get(self.node_id, ()):
+            record = self.records[client]
+            if record.state == DELAYED and not record.orphaned and record.will is not None:
+                yield record.since_ms + delay_s(record, spec=False) * 1000
+
     def handover(self, now_ms: int) -> list[WillRecord]:
         """This node drains (its Mosquitto stops): every will it holds goes to the others
-        (orphaned `LEAVING`); returns them, to send with an acknowledgement."""
+        (orphaned `LEAVING`); returns them, to send with an acknowledgement. A delayed will
+        whose time has passed was sent by this node's Mosquitto: it goes as done (a peer
+        that got it as pending sent it a second time)."""
         out: list[WillRecord] = []
         for record in list(self.records.values()):
+            if record.owner == self.node_id and record.pending and not record.orphaned \
+                    and record.state == DELAYED and record.will is not None \
+                    and now_ms >= record.since_ms + delay_s(record, spec=False) * 1000 \
+                    + MOSQUITTO_LAG_MS:
+                self.counters["sent_by_owner"] += 1
+                self._done(record, now_ms, "published")
+                out.append(self.records[record.client])
+                continue
             if record.owner == self.node_id and record.pending and not record.orphaned:
                 since = record.since_ms if record.state == DELAYED else now_ms
                 handed = replace(record, orphaned=LEAVING, since_ms=since,

@@ -10,6 +10,8 @@ from sidecar.wills.liveness import Liveness
 from sidecar.wills.record import ARMED, DELAYED, DONE, LEAVING, LOST, WillMessage, WillRecord
 from sidecar.wills.table import (
     DONE_KEEP_MS,
+    FIRING_AHEAD_MS,
+    MOSQUITTO_LAG_MS,
     OWNER_MARGIN_MS,
     PURGE_EVERY_MS,
     RETRY_MS,
@@ -207,6 +209,25 @@ def test_a_draining_node_hands_its_wills_over_and_never_publishes_them_itself():
             assert (client in got) == (n == chosen), (client, n)
     assert survivors[choose("a", ["n2", "n3"])].on_fired("a", hlc(T0), True, T0)
     assert survivors[choose("a", ["n2", "n3"])].counters["published_leaving"] == 1
+
+
+def test_a_draining_node_waits_for_a_will_its_mosquitto_sends_now_and_hands_it_over_done():
+    """A delayed will due as the drain hands the wills over is sent by this node's Mosquitto
+    (it checks once a second): the drain waits for that, then hands it over as done, so no
+    survivor sends it again (a CI run got the will twice)."""
+    owner = table("n1", members=("n1", "n2", "n3"))
+    owner.on_connect("b", hlc(T0), WillMessage("w", b"", 1, False, delay=3), True, 60, "e1", T0)
+    owner.on_disconnect("b", "delayed", 60, T0)
+    assert not owner.firing_here(T0 + 1_000)
+    assert owner.firing_here(T0 + 3_000 - FIRING_AHEAD_MS)
+    assert owner.firing_here(T0 + 3_000 + MOSQUITTO_LAG_MS - 1)
+    assert not owner.firing_here(T0 + 3_000 + MOSQUITTO_LAG_MS)
+    handed = owner.handover(T0 + 3_000 + MOSQUITTO_LAG_MS)
+    assert [(r.client, r.state, r.outcome) for r in handed] == [("b", DONE, "published")]
+    survivor = table("n2", members=("n1", "n2", "n3"))
+    survivor.on_remote(handed, T0 + 5_000)
+    assert fires(survivor.on_tick(T0 + 10_000)) == []
+    assert owner.counters["sent_by_owner"] == 1
 
 
 def test_a_restarted_mosquitto_leaves_its_wills_lost_and_they_are_published():

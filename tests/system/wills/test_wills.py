@@ -123,7 +123,7 @@ def test_drain_hands_a_delayed_will_to_a_survivor(will_cluster):
     subs = {n: Subscriber(cluster.ports[n], f"sub-{n}", "drained/#") for n in ("n2", "n3")}
     for n in subs:
         cluster.wait_interest(n, "drained/#")
-    delay = 3
+    delay = 8  # due well after the drain hands the wills over (about 3 s after the kick)
     WillClient(cluster.ports["n1"], "drained-dev", "drained/dev", b"after drain", delay=delay,
                expiry=60)
     _wait_wills_known(cluster, ["n2", "n3"], 1)
