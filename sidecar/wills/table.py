@@ -102,6 +102,11 @@ class Notice:
 Action = Store | Persist | Fire | Forget | Notice
 
 
+def _mosquitto_due(record: WillRecord) -> int:
+    """When the owner's Mosquitto sends this delayed will (wall ms), by its own reckoning."""
+    return record.since_ms + delay_s(record, spec=False) * 1000
+
+
 def _counters() -> dict[str, int]:
     return {"armed": 0, "unknown": 0, "cleared": 0, "sent_by_owner": 0, "delayed": 0,
             "published_dead_node": 0, "published_leaving": 0, "published_lost": 0,
@@ -210,7 +215,7 @@ class WillTable:
         for client in self.by_owner.get(self.node_id, ()):
             record = self.records[client]
             if record.state == DELAYED and not record.orphaned and record.will is not None:
-                yield record.since_ms + delay_s(record, spec=False) * 1000
+                yield _mosquitto_due(record)
 
     def handover(self, now_ms: int) -> list[WillRecord]:
         """This node drains (its Mosquitto stops): every will it holds goes to the others
@@ -221,7 +226,7 @@ class WillTable:
         for record in list(self.records.values()):
             if record.owner == self.node_id and record.pending and not record.orphaned \
                     and record.state == DELAYED and record.will is not None \
-                    and now_ms >= record.since_ms + delay_s(record, spec=False) * 1000 \
+                    and now_ms >= _mosquitto_due(record) \
                     + MOSQUITTO_LAG_MS:
                 self.counters["sent_by_owner"] += 1
                 self._done(record, now_ms, "published")
@@ -285,7 +290,7 @@ class WillTable:
         for client in list(self.by_owner.get(self.node_id, ())):
             record = self.records[client]
             if record.state == DELAYED and record.epoch == self.epoch and \
-                    now_ms >= record.since_ms + delay_s(record, spec=False) * 1000 \
+                    now_ms >= _mosquitto_due(record) \
                     + OWNER_MARGIN_MS:
                 self.counters["sent_by_owner"] += 1  # its Mosquitto published it
                 out += self._done(record, now_ms, "sent_by_owner")
