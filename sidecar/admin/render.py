@@ -171,8 +171,10 @@ def drain_line(p: admin_pb2.DrainProgress) -> str:
     if p.state == "serving":
         return f"{p.node_id}: serving (not draining)"
     phase = f" ({p.phase})" if p.phase and p.phase != p.state else ""
+    # the plugin's count is refreshed every 2 s: with no session left it is only stale
+    held = f" ({p.session_messages} messages in them)" if p.sessions_owned else ""
     line = (f"{p.node_id}: {p.state}{phase} after {p.seconds:.1f}s: {p.clients} clients, "
-            f"{p.sessions_owned} sessions owned ({p.session_messages} messages in them), "
+            f"{p.sessions_owned} sessions owned{held}, "
             f"{p.session_copies} session copies, {p.messages_queued} messages queued")
     if p.messages_queued_down:
         line += f", {p.messages_queued_down} for peers that are down"

@@ -210,3 +210,10 @@ def test_a_drain_line_says_how_many_messages_its_sessions_still_hold() -> None:
         session_messages=120, session_copies=4, messages_queued=5))
     assert line == ("n1: draining (moving sessions) after 2.0s: 0 clients, 3 sessions owned "
                     "(120 messages in them), 4 session copies, 5 messages queued")
+
+
+def test_a_drain_line_without_sessions_left_names_no_stale_message_count() -> None:
+    line = drain_line(admin_pb2.DrainProgress(
+        node_id="n1", state="drained", seconds=2.5, session_messages=11))
+    assert line == ("n1: drained after 2.5s: 0 clients, 0 sessions owned, 0 session copies, "
+                    "0 messages queued")

@@ -138,9 +138,6 @@ def test_compose_up_serves_mqtt_through_the_front(compose_project):
             c.close()
 
 
-@pytest.mark.xfail(reason="issue 20 open: the compose rolling restart lost 39 of ~3,000 QoS 1 "
-                   "messages in its first CI run (the local one loses none); kept running so a "
-                   "fix shows as XPASS", strict=False)
 def test_compose_rolling_restart_under_qos1_traffic_loses_nothing(compose_project, tmp_path):
     """Issue 20 on compose, with the procedure of compose/docker-compose.yml and
     docs/operations.md: for each node, `mqfed ctl drain NODE --wait` inside its container,
