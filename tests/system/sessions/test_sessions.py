@@ -335,10 +335,16 @@ def test_a_queue_larger_than_a_peer_frame_moves_whole_and_in_order(shared_cluste
     finally:
         pub.disconnect()
         pub.loop_stop()
+
+    def queued_on_n1() -> int:  # all 100 forwarded and queued there before the move
+        code, out, err = _ctl_sessions(cluster, dev.client_id, "--json")
+        assert code == 0, err
+        return next(int(s["queued"]) for s in json.loads(out)["sessions"]
+                    if s["node_id"] == "n1")
+    wait_for(lambda: queued_on_n1() >= 100, 30, "n1 queued all 100")
     frames = cluster.state("n1")["cluster_sessions"]["backlog_frames"]
     assert dev.connect(cluster.ports["n3"]) is True
-    got = dev.wait_count(100, timeout=60)  # a copy still in flight at the connect may come
-    assert set(got) == set(range(100)), sorted(set(range(100)) - set(got))  # twice (window)
+    assert dev.wait_count(100, timeout=60) == list(range(100))
     wait_for(lambda: cluster.state("n1")["cluster_sessions"]["backlog_frames"] >= frames + 3,
              10, "n1 sending the 20 MB in three frames or more")
     dev.leave()
