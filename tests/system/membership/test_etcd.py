@@ -111,6 +111,14 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
         await asyncio.sleep(0.05)
 
 
+async def within(aw: Awaitable[object], seconds: float, what: str) -> object:
+    """`aw`, or a failure naming the step that hung (rather than the test's whole timeout)."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        raise AssertionError(f"{what} did not finish within {seconds}s") from None
+
+
 async def key_exists(e: Etcd, node: str, i: int = 0) -> bool:
     async with aetcd.Client("127.0.0.1", e.client_ports[i], timeout=2) as c:
         return await c.get(f"/{CLUSTER}/nodes/{node}".encode()) is not None
@@ -223,18 +231,18 @@ def test_etcd_outage_keeps_view_and_reregisters(etcd1: Etcd, caplog) -> None:
             await asyncio.to_thread(etcd1.wait_healthy, 0)
             for m in (a, b):
                 node = m.record.node_id
-                await eventually(lambda node=node: key_lease(etcd1, node), 5,
-                                 f"{node} registered again")
-                lease = await key_lease(etcd1, node)
+                await within(eventually(lambda node=node: key_lease(etcd1, node), 5,
+                                        f"{node} registered again"), 15, f"{node}'s re-register")
+                lease = await within(key_lease(etcd1, node), 5, "reading the key's lease")
                 assert lease == m._lease_id and lease != old[node], (
                     f"{node}'s key is under its new lease {m._lease_id}, not {old[node]}")
-            await c.start()
+            await within(c.start(), 15, "the newcomer's start")
             await eventually(lambda: "c" in a.peers() and "c" in b.peers(), 5, "c seen")
             assert c.peers().keys() == {"a", "b"}, "the newcomer sees both re-registered"
             assert a.peers().keys() == {"b", "c"}
         finally:
             for m in (a, b, c):
-                await m.stop()
+                await within(m.stop(), 10, f"{m.record.node_id}'s stop")
     asyncio.run(main())
     msgs = [r.getMessage() for r in caplog.records]
     # logged once per state change, not once per retry
