@@ -49,6 +49,13 @@ from sidecar.sessions.registry import (
 )
 from sidecar.sessions.shadow import Shadows
 from sidecar.sessions.sqlite import SqliteSessionStore
+from sidecar.sessions.unreleased import (
+    Unreleased,
+    from_plugin,
+    problem,
+    to_plugin,
+    without_resent,
+)
 
 log = logging.getLogger("mqfed.sessions")
 
@@ -156,7 +163,8 @@ class SessionService:
         self.counters = {"backlog_sent": 0, "backlog_received": 0, "backlog_failed": 0,
                          "commands_failed": 0, "frames_out": 0,
                          "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0,
-                         "backlog_frames": 0, "backlog_refused": 0}
+                         "backlog_frames": 0, "backlog_refused": 0, "unreleased_sent": 0,
+                         "unreleased_received": 0, "unreleased_refused": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
         self._counting = False
@@ -491,6 +499,7 @@ class SessionService:
         ok = False
         await self._sync(action.client)
         await self._command("hold", client=action.client, on=True)
+        unreleased = await self._unreleased(action.client)
         try:
             shadow = await self.shadows.drain(action.client, action.subscriptions)
         except Exception as exc:
@@ -500,36 +509,66 @@ class SessionService:
                                                    "messages": len(shadow.messages)})
             try:
                 ok = await self._hand_over(action.client, action.owner,
-                                           [q for _, q in shadow.messages])
+                                           without_resent(shadow.messages, unreleased),
+                                           unreleased)
             finally:
                 await self.shadows.finish(shadow, ok)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
-    async def _hand_over(self, client: str, owner: str, queued: list) -> bool:
+    async def _unreleased(self, client: str) -> list[Unreleased]:
+        """QoS 2 messages the client left here between PUBREC and PUBREL (plugin `unreleased`;
+        none from an older plugin)."""
+        try:
+            reply = await self.request("unreleased", timeout=5.0, client=client)
+            return from_plugin(reply.fields)
+        except Exception as exc:  # noqa: BLE001 - the queue moves without them, as before
+            log.debug("asking the plugin for unreleased messages failed: %s", exc,
+                      extra={"client": client})
+            return []
+
+    async def _forget_unreleased(self, client: str, packet_ids: list[int]) -> None:
+        try:
+            await self.request("unreleased", timeout=5.0, client=client, forget=packet_ids)
+        except Exception as exc:  # noqa: BLE001 - the session's deletion forgets them too
+            log.debug("forgetting released messages failed: %s", exc, extra={"client": client})
+
+    async def _hand_over(self, client: str, owner: str, queued: list,
+                         unreleased: list[Unreleased] | tuple = ()) -> bool:
         """Send a drained session's queue to its new owner, in frames of at most
-        BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next."""
-        if not queued:
+        BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
+        first frame also carries the messages waiting for their release."""
+        if not queued and not unreleased:
             return True
         hlc = self.clock.now(_wall_ms()).pack()
-        envs = [Envelope(self.node_id, self.incarnation, next(self._seq), hlc, q.topic,
-                         q.payload, q.qos, False, q.properties) for q in queued]
+
+        def envelope(m: Any) -> Envelope:
+            return Envelope(self.node_id, self.incarnation, next(self._seq), hlc, m.topic,
+                            m.payload, m.qos, False, m.properties)
+        envs = [envelope(q) for q in queued]
+        first = [(u, envelope(u)) for u in unreleased]
         ok = True
-        for part in _batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES):
-            ok = await self._hand_over_part(client, owner, part)
+        for part in _batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES) if envs else [[]]:
+            ok = await self._hand_over_part(client, owner, part, first)
+            if ok and first:  # the new owner has them: a retried drain must not send them again
+                await self._forget_unreleased(client, [u.packet_id for u, _ in first])
+            first = []
             if not ok:
                 break
+        if ok and unreleased:
+            self.counters["unreleased_sent"] += len(unreleased)
         self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
         log.debug("session messages handed over", extra={
             "client": client, "owner": owner, "messages": len(envs), "ok": ok})
         return ok
 
-    async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope]) -> bool:
+    async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
+                              unreleased: list[tuple[Unreleased, Envelope]]) -> bool:
         exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
         try:
-            if not self._send(owner, wire.backlog_frame(client, exchange, envs)):
+            if not self._send(owner, wire.backlog_frame(client, exchange, envs, unreleased)):
                 raise ConnectionError(f"no stream to {owner}")
             self.counters["backlog_frames"] += 1
             return bool(await asyncio.wait_for(
@@ -548,9 +587,12 @@ class SessionService:
         envs = wire.backlog_from(msg)
         ok = self.registry.takes_backlog(msg.client)
         log.debug("session messages arrived", extra={
-            "client": msg.client, "peer": peer, "messages": len(envs), "taken": ok})
+            "client": msg.client, "peer": peer, "messages": len(envs), "taken": ok,
+            "unreleased": len(msg.unreleased)})
         if not ok:  # the sender keeps them and retries towards the owner it learns of
             self.counters["backlog_refused"] += len(envs)
+        elif msg.unreleased:
+            await self._release(msg.client, wire.unreleased_from(msg))
         for batch in _batches(envs) if ok else ():
             try:
                 await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT,
@@ -564,6 +606,26 @@ class SessionService:
                 break
             self.counters["backlog_received"] += len(batch)
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
+
+    async def _release(self, client: str, messages: list[Unreleased]) -> None:
+        """Send them to the client here under their own packet ids (plugin `release`); one that
+        cannot go is lost, as before this existed (logged)."""
+        good = [u for u in messages if problem(u) is None]
+        if len(good) < len(messages):
+            self.counters["unreleased_refused"] += len(messages) - len(good)
+            log.warning("a peer sent unreleased QoS 2 messages that cannot be released: %s",
+                        next(problem(u) for u in messages if problem(u)),
+                        extra={"client": client})
+        if not good:
+            return
+        try:
+            await self.request("release", timeout=DELIVER_BATCH_TIMEOUT, client=client,
+                               messages=to_plugin(good))
+            self.counters["unreleased_received"] += len(good)
+        except Exception as exc:  # noqa: BLE001 - an older plugin, or the link is down
+            self.counters["unreleased_refused"] += len(good)
+            log.warning("releasing QoS 2 messages to a moved client failed: %s", exc,
+                        extra={"client": client, "messages": len(good)})
 
     async def _discard(self, action: Discard) -> None:
         client = action.client

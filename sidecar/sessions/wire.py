@@ -9,6 +9,7 @@ from sidecar.config import NODE_ID_RE
 from sidecar.peering.envelopes import decode_envelope, encode_envelope
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions.record import SessionRecord, Subscription
+from sidecar.sessions.unreleased import Unreleased
 from sidecar.topics import TopicError, mqtt_string_problem, validate_filter
 
 RECORDS_PER_FRAME = 500
@@ -83,15 +84,28 @@ def _records(batch: list[peer_pb2.SessionRecord], snapshot: bool) -> bytes:
         records=batch, snapshot=snapshot)).SerializeToString()
 
 
-def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope]) -> bytes:
+def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
+                  unreleased: Iterable[tuple[Unreleased, Envelope]] = ()) -> bytes:
+    """A part of a moving queue; `unreleased`: each with the envelope that carries it."""
     msg = peer_pb2.SessionBacklog(client=client, exchange=exchange)
     for env in envelopes:
         msg.envelopes.add().ParseFromString(encode_envelope(env))
+    for u, env in unreleased:
+        item = msg.unreleased.add(packet_id=u.packet_id)
+        item.envelope.ParseFromString(encode_envelope(env))
     return peer_pb2.Frame(session_backlog=msg).SerializeToString()
 
 
 def backlog_from(msg: peer_pb2.SessionBacklog) -> list[Envelope]:
     return [decode_envelope(e) for e in msg.envelopes]
+
+
+def unreleased_from(msg: peer_pb2.SessionBacklog) -> list[Unreleased]:
+    out = []
+    for item in msg.unreleased:
+        env = decode_envelope(item.envelope)
+        out.append(Unreleased(item.packet_id, env.topic, env.payload, env.qos, env.properties))
+    return out
 
 
 def backlog_ack_frame(client: str, exchange: int, ok: bool) -> bytes:

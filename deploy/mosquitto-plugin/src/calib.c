@@ -95,6 +95,14 @@ int64_t client_expiry(struct mosquitto *client)
 	return EXPIRY_UNKNOWN;
 }
 
+/* Where the session expiry interval sits in struct mosquitto, once calibrated. */
+bool calib_expiry_offset(size_t *offset)
+{
+	if(calib != CALIB_OK) return false;
+	*offset = calib_offset;
+	return true;
+}
+
 const char *calib_name(void)
 {
 	switch(calib){

@@ -10,6 +10,7 @@
 
 bool calib_on_sidecar_auth(struct mosquitto *client);
 int64_t client_expiry(struct mosquitto *client);
+bool calib_expiry_offset(size_t *offset);
 const char *calib_name(void);
 void calib_cleanup(void);
 

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "events.h"
 #include "hold.h"
+#include "inflight.h"
 #include "journal.h"
 #include "model.h"
 #include "origin.h"
@@ -323,6 +324,7 @@ static const char *deliver_item(const char *client, struct client *c, const cJSO
 	}
 	rc = mosquitto_broker_publish_copy(client, topic, (int)len, buf, (int)qos, false, props);
 	free(buf);
+	if(qos > 0) inflight_note_targeted(); /* it takes a packet id before a release would */
 	if(rc != MOSQ_ERR_SUCCESS){
 		mosquitto_property_free_all(&props);
 		return "internal";
@@ -694,6 +696,7 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "sessions", model_sessions());
 		cJSON_AddNumberToObject(o, "subscriptions", (double)model_subscriptions());
 		cJSON_AddNumberToObject(o, "events_total", (double)ev.events_total);
+		inflight_stats(o);
 		cJSON_AddNumberToObject(o, "overflows", (double)ev.overflows);
 		cJSON_AddNumberToObject(o, "denied", HASH_COUNT(denies));
 		cJSON_AddNumberToObject(o, "denied_connects", (double)denied_connects);
@@ -720,6 +723,36 @@ static void cmd_stats(const struct request *rq)
 		add_journal_stats(o);
 	}
 	reply_send(rq, o);
+}
+
+/* {"messages": [...]}: QoS 2 messages `client` had acknowledged with PUBREC but not seen
+ * released when it left this node (inflight.c), for the node where it resumed; `forget` (ids)
+ * drops those first (that node has them). */
+static void cmd_unreleased(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const cJSON *forget = cJSON_GetObjectItemCaseSensitive(req, "forget");
+	cJSON *o;
+
+	if(client == NULL || (forget != NULL && !cJSON_IsArray(forget))){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	inflight_forget_ids(client, forget);
+	o = reply_new(rq, true);
+	if(o) cJSON_AddItemToObject(o, "messages", inflight_unreleased_json(client));
+	reply_send(rq, o);
+}
+
+/* Send those messages to `client` here with their own packet ids (at the end of this loop
+ * iteration): the client then gets the PUBREL it waits for. */
+static void cmd_release(const struct request *rq, const cJSON *req)
+{
+	const char *error = inflight_release(get_str(req, "client"),
+			cJSON_GetObjectItemCaseSensitive(req, "messages"));
+
+	if(error) reply_error(rq, error);
+	else reply_ok(rq);
 }
 
 #define QUEUED_MAX 10000 /* entries in one `queued` reply */
@@ -821,6 +854,10 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_pressure(&rq, req);
 	}else if(streq(rq.cmd, "queued")){
 		cmd_queued(&rq, req);
+	}else if(streq(rq.cmd, "unreleased")){
+		cmd_unreleased(&rq, req);
+	}else if(streq(rq.cmd, "release")){
+		cmd_release(&rq, req);
 	}else if(streq(rq.cmd, "stats")){
 		cmd_stats(&rq);
 	}else if(streq(rq.cmd, "catchup")){

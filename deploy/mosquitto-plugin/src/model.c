@@ -13,6 +13,7 @@
 
 #include "calib.h"
 #include "events.h"
+#include "inflight.h"
 #include "model.h"
 #include "sidecar.h"
 #include "will.h"
@@ -216,6 +217,7 @@ static void client_set_offline(struct client *c)
 
 static void client_remove(struct client *c)
 {
+	inflight_forget(c->id); /* the session is gone: nobody waits for its PUBRELs */
 	client_set_offline(c);
 	client_clear_subs(c);
 	HASH_DEL(clients, c);
@@ -414,6 +416,9 @@ static void pending_resolve(struct pending *p)
 		c->conn = conn;
 		c->expire_at = 0;
 		c->queued = 0; /* its queue goes to this connection */
+		if(!sidecar_vouched(conn)){
+			inflight_on_client_connect(p->id, present);
+		}
 	}else{
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory adding client %s", p->id);
 	}
@@ -460,6 +465,14 @@ struct client *model_client_for_event(struct mosquitto *conn, bool adopt)
 	pending_resolve(p);
 	c = model_find(id);
 	return (c && c->conn == conn) ? c : NULL;
+}
+
+bool model_is_live(struct mosquitto *conn)
+{
+	const char *id = mosquitto_client_id(conn);
+	struct client *c = id ? model_find(id) : NULL;
+
+	return c != NULL && c->online && c->conn == conn;
 }
 
 void model_on_disconnect(struct mosquitto *conn)

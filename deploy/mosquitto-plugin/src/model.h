@@ -48,6 +48,8 @@ void pending_add(struct mosquitto *conn, const char *id, const char *username);
 void pending_resolve_conn(struct mosquitto *conn);
 void pending_resolve_all(void);
 struct client *model_client_for_event(struct mosquitto *conn, bool adopt);
+/* `conn` is the live connection of its client id (not an offline session's old context). */
+bool model_is_live(struct mosquitto *conn);
 void model_on_disconnect(struct mosquitto *conn);
 void model_subscribe(struct client *c, const char *filter, uint8_t qos);
 void model_unsubscribe(struct client *c, const char *filter);

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "events.h"
 #include "hold.h"
+#include "inflight.h"
 #include "journal.h"
 #include "model.h"
 #include "origin.h"
@@ -548,6 +549,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 			if(calib_on_sidecar_auth(client)){
 				model_fill_unknown_expiry(); /* v5 expiries unknown so far can be read now */
 			}
+			inflight_on_sidecar_auth(client);
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -565,6 +567,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}
 		sidecar_vouch(client);
 		pending_add(client, id, ed->username);
+		inflight_on_shadow_auth(client);
 		return MOSQ_ERR_SUCCESS;
 	}
 	if(admission_refuses()){
@@ -717,6 +720,16 @@ static void emit_heartbeat(void)
 	ev_emit(ev);
 }
 
+static struct mosquitto *live_conn(const char *id, bool *has_session)
+{
+	struct client *c = model_find(id);
+
+	struct mosquitto *conn = c != NULL && model_client_online(c) ? model_client_conn(c) : NULL;
+
+	*has_session = c != NULL;
+	return conn != NULL && !sidecar_vouched(conn) ? conn : NULL; /* a shadow is not the client */
+}
+
 static int on_tick(int event, void *event_data, void *userdata)
 {
 	time_t now;
@@ -728,6 +741,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	origin_event();
 	origin_tick();
 	pending_resolve_all();
+	inflight_tick(live_conn); /* first: nothing of ours may be queued before its releases */
 
 	now = time(NULL);
 	if(now != last_expiry_check){
@@ -768,6 +782,11 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 		sidecar_set_fwd_conn(NULL);
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(model_is_live(ed->client)
+			&& !streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
+		/* a client leaving (not a shadow): QoS 2 messages waiting for its PUBCOMP */
+		inflight_capture(ed->client, mosquitto_client_id(ed->client));
+	}
 	model_on_disconnect(ed->client);
 	return MOSQ_ERR_SUCCESS;
 }
@@ -795,6 +814,7 @@ static void free_all(void)
 	subopts_cleanup();
 	events_cleanup();
 	calib_cleanup();
+	inflight_cleanup();
 	will_cleanup();
 	sidecar_cleanup();
 	free(secret);

@@ -2,7 +2,7 @@
  * mqfed Mosquitto plugin: what every module shares (headers, small helpers of util.c).
  *
  * Modules, each with its own header, lowest first; a module includes only headers of modules
- * before it, and keeps its state static: util, ftrie, sidecar, events, calib, will, model,
+ * before it, and keeps its state static: util, ftrie, sidecar, events, calib, will, inflight, model,
  * subopts, shed, origin, recent, journal, hold, commands, plugin (which alone wires them to
  * Mosquitto's callbacks).
  *

@@ -157,6 +157,16 @@ static bool read_client(struct mosquitto *client, struct mirror_client *out)
 	return true;
 }
 
+/* Mosquitto's packet identifier counter of this client (`last_mid`, next to the fields the
+ * mirror is anchored on), through the same checked read; NULL when it does not match. */
+uint16_t *client_last_mid(struct mosquitto *client)
+{
+	struct mirror_client m;
+
+	if(!read_client(client, &m)) return NULL;
+	return (uint16_t *)((unsigned char *)client + anchor + offsetof(struct mirror_client, last_mid));
+}
+
 /* The will struct, checked before anything in it is trusted. */
 static bool read_will(const struct mirror_will *p, struct mirror_will *w)
 {

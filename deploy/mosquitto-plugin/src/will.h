@@ -6,6 +6,7 @@
 
 void will_add_json(cJSON *o, struct mosquitto *client);
 void will_add_fate(cJSON *o, struct mosquitto *client);
+uint16_t *client_last_mid(struct mosquitto *client);
 void will_cleanup(void);
 
 #endif

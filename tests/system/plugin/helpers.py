@@ -636,9 +636,9 @@ def _read_props(buf: bytes, pos: int) -> tuple[dict[int, list], int]:
 
 class RawMessage:
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                 sub_ids: list[int]) -> None:
+                 sub_ids: list[int], mid: int = 0) -> None:
         self.topic, self.payload, self.qos = topic, payload, qos
-        self.retain, self.dup, self.sub_ids = retain, dup, sub_ids
+        self.retain, self.dup, self.sub_ids, self.mid = retain, dup, sub_ids, mid
 
     def __repr__(self) -> str:
         return f"RawMessage({self.topic!r}, {self.payload[:20]!r}, q{self.qos}, {self.sub_ids})"
@@ -647,13 +647,18 @@ class RawMessage:
 class RawClient:
     """An MQTT v5 client driven packet by packet: a QoS 2 PUBLISH whose PUBREL is sent later, a
     DUP resend, a will of any QoS, an abrupt close. Received messages are acknowledged (QoS 1/2)
-    and recorded in `messages`."""
+    and recorded in `messages`; with `hold_pubrel` a PUBREL is recorded in `pubrels` and not
+    answered (the message stays between PUBREC and PUBCOMP); with `hold_pubrec` a QoS 2
+    PUBLISH is not answered at all."""
 
     def __init__(self, client_id: str, sock: str | None = None, port: int | None = None,
                  username: str | None = None, password: str | None = None,
                  clean_start: bool = True, session_expiry: int = 0, keepalive: int = 60,
-                 will: tuple[str, bytes, int] | None = None) -> None:
+                 will: tuple[str, bytes, int] | None = None, hold_pubrel: bool = False,
+                 hold_pubrec: bool = False) -> None:
         self.client_id = client_id
+        self.hold_pubrel, self.hold_pubrec = hold_pubrel, hold_pubrec
+        self.pubrels: list[int] = []
         self.addr = sock if sock else ("127.0.0.1", port)
         self.family = socket.AF_UNIX if sock else socket.AF_INET
         self.username, self.password = username, password
@@ -754,16 +759,20 @@ class RawClient:
                 pos += 2
             props, pos = _read_props(body, pos)
             msg = RawMessage(topic, body[pos:], qos, bool(first & 1), bool(first & 8),
-                             list(props.get(0x0B, [])))
+                             list(props.get(0x0B, [])), mid)
             with self.cond:
                 self.messages.append(msg)
                 self.cond.notify_all()
             if qos == 1:
                 self._send(0x40, mid.to_bytes(2, "big"))
-            elif qos == 2:
+            elif qos == 2 and not self.hold_pubrec:
                 self._send(0x50, mid.to_bytes(2, "big"))
         elif kind == 6:          # PUBREL for a message we received
-            self._send(0x70, body[:2])
+            with self.cond:
+                self.pubrels.append(int.from_bytes(body[:2], "big"))
+                self.cond.notify_all()
+            if not self.hold_pubrel:
+                self._send(0x70, body[:2])
         elif kind in (4, 5, 7, 9, 11):   # PUBACK PUBREC PUBCOMP SUBACK UNSUBACK
             mid = int.from_bytes(body[:2], "big")
             if kind in (9, 11):

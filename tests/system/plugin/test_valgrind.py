@@ -14,6 +14,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.journal.record import fingerprint, pack_fingerprints
+from tests.harness.procs import wait_for
 from tests.system.plugin.helpers import (
     SECRET,
     SIDECAR_ID,
@@ -243,6 +244,24 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     fwd._send(0xA2, (998).to_bytes(2, "big") + b"\x00" + b"\x00\x0e$share/cg/cu/#")
     fwd.wait_ack(11, 998, timeout=20)
     assert sc2.call("stats", timeout=20)["catchup_pending"] == 1
+
+    # QoS 2 messages between PUBREC and PUBCOMP at a disconnect: kept, listed, released under
+    # their id (twice: the second finds it in use or not); one more kept at shutdown
+    for cid in ("vg-inflight", "vg-inflight2"):
+        iq = clients(RawClient(cid, port=b.port, session_expiry=300, hold_pubrel=True))
+        iq.connect(timeout=20)
+        iq.subscribe(f"inf/{cid}", 2)
+        cu.publish2(f"inf/{cid}", b"kept")
+        wait_for(lambda iq=iq: iq.pubrels, 20, "the PUBREL")
+        iq.disconnect()
+        sc2.wait_type("disconnect", client=cid, timeout=20)
+    kept = sc2.call("unreleased", client="vg-inflight", timeout=20)["messages"]
+    assert len(kept) == 1
+    rel = clients(RawClient("vg-release", port=b.port))
+    rel.connect(timeout=20)
+    assert sc2.call("release", client="vg-release", messages=kept * 2, timeout=20)["ok"]
+    assert len(rel.wait_messages(lambda m: m.topic == "inf/vg-inflight", count=2,
+                                 timeout=20)) == 2
 
     for c in [on, p2, p3, sc2, member, both]:
         c.close()

@@ -30,9 +30,26 @@ class Device:
                                   protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
                                   clean_session=None if v5 else False)
         self.client.reconnect_delay_set(0.1, 0.5)
+        self.publishes: list[tuple[int, int, bytes]] = []  # (connection, packet id, payload)
+        self.deliveries: list[tuple[int, bytes]] = []  # (connection, payload) at on_message
+        self._spy_publishes()
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+
+    def _spy_publishes(self) -> None:
+        """Record the packet id of every QoS 2 PUBLISH paho stores until its PUBREL (paho
+        hands the message to on_message only at the PUBREL)."""
+        client, handle = self.client, self.client._handle_publish
+
+        def spy():  # noqa: ANN202 - paho's private handler
+            before = dict(client._in_messages)
+            rc = handle()
+            for mid, msg in list(client._in_messages.items()):
+                if before.get(mid) is not msg:
+                    self.publishes.append((len(self.connects), mid, msg.payload))
+            return rc
+        client._handle_publish = spy
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         self.attempts += 1
@@ -47,6 +64,7 @@ class Device:
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
             self.messages.append(msg)
+            self.deliveries.append((len(self.connects), msg.payload))
 
     def connect(self, port: int, clean: bool = False, timeout: float = 10.0) -> bool:
         """Connect (retrying until a CONNACK); returns session present."""

@@ -55,22 +55,16 @@ def test_a_session_resumes_on_another_node_with_what_it_missed(shared_cluster, v
                         (("outcome", "received"),))] >= 200
 
 
-def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
+def _twenty_moves(cluster, dev: Device, topic: str, qos: int) -> list[int]:
     """The client reconnects 20 times, each time to the next node, while a publisher on n2
-    sends QoS 1 messages (~350/s): session present every time, nothing lost. Duplicates and
-    order breaks happen only inside the handover window (docs/architecture.md §5: from the
-    session's copy on the new node to the old node holding its copy, about the client's
-    reconnect delay): counted and printed; bounded here only against a copy of everything."""
-    cluster = shared_cluster
-    topic = "moves/q1"
-    dev = _session(cluster, "n1", topic)
+    sends messages at `qos` (~350/s); returns what was sent."""
     dev.connect(cluster.ports["n1"])
     stop, sent = threading.Event(), []
 
     def traffic() -> None:
         i = 0
         while not stop.is_set():
-            publish(cluster.ports["n2"], topic, 20, start=i)
+            publish(cluster.ports["n2"], topic, 20, qos=qos, start=i)
             sent.extend(range(i, i + 20))
             i += 20
 
@@ -85,6 +79,26 @@ def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
     finally:
         stop.set()
         publisher.join(30)
+    return sent
+
+
+def _session_counts(cluster) -> dict[str, dict]:
+    keys = ("backlog_sent", "backlog_received", "backlog_failed", "sync_timeouts", "failures",
+            "drained", "moves", "unreleased_sent", "unreleased_received", "unreleased_refused")
+    return {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
+                if k in keys} for n in ("n1", "n2", "n3")}
+
+
+def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
+    """The client reconnects 20 times, each time to the next node, while a publisher on n2
+    sends QoS 1 messages (~350/s): session present every time, nothing lost. Duplicates and
+    order breaks happen only inside the handover window (docs/architecture.md §5: from the
+    session's copy on the new node to the old node holding its copy, about the client's
+    reconnect delay): counted and printed; bounded here only against a copy of everything."""
+    cluster = shared_cluster
+    topic = "moves/q1"
+    dev = _session(cluster, "n1", topic)
+    sent = _twenty_moves(cluster, dev, topic, 1)
     # a handover retried on a loaded machine (a backlog frame times out after 10 s, then the
     # drain is retried) arrives late, not never
     got = dev.wait_count(len(set(sent)), timeout=30)
@@ -93,12 +107,53 @@ def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster):
     firsts = list(dict.fromkeys(got))
     breaks = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if b < a)
     print(f"20 moves: {len(sent)} sent, {dups} duplicates, {breaks} order breaks")
-    counts = {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
-                  if k in ("backlog_sent", "backlog_received", "backlog_failed",
-                           "sync_timeouts", "failures", "drained", "moves")}
-              for n in ("n1", "n2", "n3")}
-    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; {counts}"
+    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; " \
+        f"{_session_counts(cluster)}"
     assert dups < len(sent) // 2 and breaks < len(sent) // 2, (dups, breaks)
+    dev.leave()
+
+
+def test_twenty_moves_under_qos2_traffic_release_what_waited_for_its_pubrel(shared_cluster):
+    """The same at QoS 2. A message the client had acknowledged with PUBREC on the node it
+    left, but not yet seen released, is sent again by the new node under the same packet id
+    (plugin `inflight.c`), so the client gets its PUBREL there: nothing lost (before, about
+    one such message per move was, since paho hands a QoS 2 message over at its PUBREL).
+    Duplicates of the handover window are counted and printed (issue 17: not exactly once
+    there yet)."""
+    cluster = shared_cluster
+    topic = f"moves/q2/{time.time_ns()}"
+    dev = Device(f"dev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    dev.subscribe(topic, 2)
+    cluster.wait_interest("n1", topic)
+    dev.leave()
+    sent = _twenty_moves(cluster, dev, topic, 2)
+    got = dev.wait_count(len(set(sent)), timeout=30)
+    missing = sorted(set(sent) - set(got))
+    counts = _session_counts(cluster)
+    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; {counts}"
+    released = sum(c.get("unreleased_received", 0) for c in counts.values())
+    assert released > 0, f"no move found a message between PUBREC and PUBREL: {counts}"
+    # a message stored at a PUBLISH on one connection and handed over on a later one came
+    # again under the same packet id (besides, maybe, a copy of the handover window)
+    delivered_on = {}
+    for conn, payload in dev.deliveries:
+        delivered_on.setdefault(payload, conn)
+    first: dict[bytes, tuple[int, int]] = {}
+    again: dict[bytes, set[int]] = {}
+    for conn, mid, payload in dev.publishes:
+        if payload not in first:
+            first[payload] = (conn, mid)
+        elif conn > first[payload][0]:
+            again.setdefault(payload, set()).add(mid)
+    waited = [p for p, (conn, _) in first.items() if delivered_on.get(p, conn) > conn
+              and p in again]
+    same = [p for p in waited if first[p][1] in again[p]]
+    print(f"20 moves at QoS 2: {len(sent)} sent, {len(got) - len(set(got))} duplicates; "
+          f"{released} released on the new node, {len(waited)} seen waiting for their PUBREL "
+          f"across a move, {len(same)} of them under the same packet id")
+    assert waited and len(same) == len(waited), \
+        [(p, first[p], again[p]) for p in waited if p not in same][:5]
     dev.leave()
 
 

@@ -1,0 +1,618 @@
+/* QoS 2 messages between PUBREC and PUBCOMP when their client leaves, kept for the node where
+ * it resumes (issue 17).
+ *
+ * A client that left this node after acknowledging a QoS 2 message with PUBREC, but before it
+ * got the PUBREL, holds that message and hands it to its application only at the PUBREL (paho,
+ * libmosquitto: the spec's method A); a client that delivered at the PUBLISH (method B) holds
+ * its packet identifier. On one broker its resume gets that PUBREL. In the cluster it resumes
+ * on another Mosquitto, which never sent that message, so the old node's copy ended with the
+ * session and the message was lost (about one per move under continuous QoS 2 traffic).
+ *
+ * So, at a client's disconnect, this module copies its outgoing QoS 2 messages in Mosquitto's
+ * states "wait for PUBCOMP" and "resend PUBREL", and "wait for PUBREC" (the client may hold one
+ * whose PUBREC was still on its way), and the old owner's drain sends them with its queue
+ * (leaving out of it the ones Mosquitto sends its shadow again under those ids), and
+ * on the new node it sends each again with the SAME packet identifier: it sets Mosquitto's
+ * `last_mid` of the client just before the message is queued, at the end of a loop iteration
+ * (the tick), so the next iteration's first step (`queue_plugin_msgs`) gives it that id. A
+ * client holding that id acknowledges the PUBLISH with PUBREC without delivering it again
+ * (MQTT 5 §4.3.3, 3.1.1 §4.3.3) and gets the PUBREL: exactly once with either method. A client
+ * that had already completed it (its PUBCOMP was lost with the connection) gets it twice.
+ *
+ * Mosquitto shows none of this to a plugin: the fields are read through mirrors of Debian's
+ * 2.0.11 structures (src/mosquitto_broker_internal.h, lib/mosquitto_internal.h): `msgs_out`
+ * found at the sidecar's own connect from the calibrated session expiry field (calib.c) and
+ * the members between them, checked to be those of a new client; `last_mid` through will.c's
+ * checked mirror of the client structure. Anything else turns the module off for the run (one
+ * warning): a moving client then loses such a message as before. A message whose id is in use
+ * on the new node (or with the mirror off) goes with a new id; so that this is rare, a session
+ * a shadow makes numbers its messages from a random id (both nodes' copies of a session would
+ * otherwise count from 1 and clash). */
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib.h"
+#include "inflight.h"
+#include "will.h"
+
+#define KEEP_MAX 256                 /* messages kept per client (Mosquitto's in-flight window) */
+#define KEEP_BYTES (4u << 20)        /* payload bytes kept per client */
+#define TOTAL_BYTES (64u << 20)      /* over every client */
+#define WALK_MAX 200000              /* list nodes read before the list is taken as corrupt */
+#define MID_MARGIN 64                /* ids after a released one that must be free, plus queued */
+
+enum { MS_WAIT_FOR_PUBREC = 5, MS_RESEND_PUBREL = 6, MS_WAIT_FOR_PUBCOMP = 9, MS_LAST = 11,
+	MD_OUT = 1 };
+
+struct store_mirror {               /* struct mosquitto_msg_store */
+	void *next;
+	void *prev;
+	uint64_t db_id;
+	char *source_id;
+	char *source_username;
+	void *source_listener;
+	char **dest_ids;
+	int dest_id_count;
+	int ref_count;
+	char *topic;
+	mosquitto_property *properties;
+	void *payload;
+	time_t message_expiry_time;
+	uint32_t payloadlen;
+	int origin;
+	uint16_t source_mid;
+	uint16_t mid;
+	uint8_t qos;
+	bool retain;
+};
+
+struct cmsg_mirror {                /* struct mosquitto_client_msg */
+	struct cmsg_mirror *prev;
+	struct cmsg_mirror *next;
+	struct store_mirror *store;
+	mosquitto_property *properties;
+	time_t timestamp;
+	uint16_t mid;
+	uint8_t qos;
+	bool retain;
+	int direction;
+	int state;
+	uint8_t dup;
+};
+
+struct msgs_mirror {                /* struct mosquitto_msg_data (broker) */
+	struct cmsg_mirror *inflight;
+	struct cmsg_mirror *queued;
+	long msg_bytes;
+	long msg_bytes12;
+	int msg_count;
+	int msg_count12;
+	int inflight_quota;
+	uint16_t inflight_maximum;
+};
+
+struct kept {
+	struct kept *next;
+	uint16_t mid;
+	uint8_t qos;
+	bool owed;                       /* came from another node: Mosquitto here never had it */
+	char *topic;
+	void *payload;
+	uint32_t len;
+	mosquitto_property *props;
+};
+
+struct entry {
+	UT_hash_handle hh;
+	char *id;
+	struct kept *head;
+	struct kept *tail;
+	unsigned count;
+	size_t bytes;
+};
+
+static enum { ST_PENDING, ST_OK, ST_OFF } state;
+static size_t msgs_out_off;          /* of msgs_out in struct mosquitto */
+static struct entry *captured;       /* by client id: kept at its disconnect here */
+static struct entry *releasing;      /* by client id: to send at the next tick */
+static size_t total_bytes;
+static bool targeted;                /* a targeted QoS > 0 delivery queued this iteration */
+static uint64_t n_captured, n_same_id, n_new_id, n_dropped;
+
+static void turn_off(const char *why)
+{
+	if(state != ST_OFF){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: reading QoS 2 messages in flight is off "
+				"(%s): a client that moves to another node while a QoS 2 message awaits its "
+				"PUBREL may lose that message", why);
+	}
+	state = ST_OFF;
+}
+
+static bool fresh(const struct msgs_mirror *m)
+{
+	return m->inflight == NULL && m->queued == NULL && m->msg_bytes == 0 && m->msg_bytes12 == 0
+		&& m->msg_count == 0 && m->msg_count12 == 0 && m->inflight_quota == m->inflight_maximum;
+}
+
+void inflight_on_sidecar_auth(struct mosquitto *client)
+{
+	const unsigned char *base = (const unsigned char *)client;
+	size_t size, expiry, bridge, out;
+	struct msgs_mirror in_m, out_m;
+	void *bridge_ptr;
+
+	if(state == ST_OFF) return;
+	if(!calib_expiry_offset(&expiry)){
+		turn_off("the session expiry field was not found");
+		return;
+	}
+	size = malloc_usable_size(client);
+	/* session_expiry_interval, three bools, `bridge`, msgs_in, msgs_out */
+	bridge = (expiry + sizeof(uint32_t) + 3 + 7) & ~(size_t)7;
+	out = bridge + sizeof(void *) + sizeof(struct msgs_mirror);
+	if(size > (1u << 20) || out + sizeof(struct msgs_mirror) > size){
+		turn_off("the client structure is smaller than expected");
+		return;
+	}
+	memcpy(&bridge_ptr, base + bridge, sizeof(bridge_ptr));
+	memcpy(&in_m, base + bridge + sizeof(void *), sizeof(in_m));
+	memcpy(&out_m, base + out, sizeof(out_m));
+	if(bridge_ptr != NULL || !fresh(&in_m) || !fresh(&out_m)){
+		turn_off("the message lists are not where expected");
+		return;
+	}
+	if(state == ST_OK && out != msgs_out_off){
+		turn_off("the message lists moved at a later sidecar connect");
+		return;
+	}
+	msgs_out_off = out;
+	state = ST_OK;
+}
+
+void inflight_on_shadow_auth(struct mosquitto *client)
+{
+	const char *id = mosquitto_client_id(client);
+	uint16_t *last_mid;
+
+	if(state != ST_OK || id == NULL) return;
+	last_mid = client_last_mid(client);
+	if(last_mid == NULL || *last_mid != 0) return; /* a new context starts at 0 */
+	*last_mid = (uint16_t)(hash_bytes((uint64_t)mono_ms(), id, strlen(id)) % 65535);
+}
+
+/* Calls `fn` for each outgoing message of a live client (in flight, then queued) until it
+ * returns false; false if a list does not look like Mosquitto's (the module turns off). */
+static bool walk_out(struct mosquitto *conn, bool (*fn)(const struct cmsg_mirror *, void *),
+		void *arg)
+{
+	struct msgs_mirror out;
+	const struct cmsg_mirror *m;
+	unsigned n = 0;
+	int i;
+
+	memcpy(&out, (const unsigned char *)conn + msgs_out_off, sizeof(out));
+	for(i = 0; i < 2; i++){
+		for(m = i == 0 ? out.inflight : out.queued; m; m = m->next){
+			if(++n > WALK_MAX || ((uintptr_t)m & 7) || m->direction != MD_OUT || m->qos > 2
+					|| m->state < 0 || m->state > MS_LAST || m->store == NULL
+					|| ((uintptr_t)m->store & 7)){
+				turn_off("a client's message list did not look as expected");
+				return false;
+			}
+			if(!fn(m, arg)) return true;
+		}
+	}
+	return true;
+}
+
+static void free_kept(struct kept *k)
+{
+	free(k->topic);
+	free(k->payload);
+	mosquitto_property_free_all(&k->props);
+	free(k);
+}
+
+static void remove_entry(struct entry **table, struct entry *e)
+{
+	struct kept *k, *next;
+
+	for(k = e->head; k; k = next){
+		next = k->next;
+		free_kept(k);
+	}
+	if(table == &captured) total_bytes -= e->bytes;
+	HASH_DEL(*table, e);
+	free(e->id);
+	free(e);
+}
+
+static struct entry *entry_for(struct entry **table, const char *id)
+{
+	struct entry *e;
+
+	HASH_FIND_STR(*table, id, e);
+	if(e) return e;
+	e = calloc(1, sizeof(*e));
+	if(e == NULL) return NULL;
+	e->id = xstrdup(id);
+	if(e->id == NULL){
+		free(e);
+		return NULL;
+	}
+	HASH_ADD_KEYPTR(hh, *table, e->id, strlen(e->id), e);
+	return e;
+}
+
+static void append(struct entry *e, struct kept *k)
+{
+	if(e->tail) e->tail->next = k;
+	else e->head = k;
+	e->tail = k;
+	e->count++;
+	e->bytes += k->len;
+}
+
+static struct kept *new_kept(uint16_t mid, uint8_t qos, const char *topic, const void *payload,
+		uint32_t len, mosquitto_property *props)
+{
+	struct kept *k = calloc(1, sizeof(*k));
+
+	if(k == NULL) return NULL;
+	k->mid = mid;
+	k->qos = qos;
+	k->len = len;
+	k->props = props;
+	k->topic = xstrdup(topic);
+	k->payload = malloc(len ? len : 1);
+	if(k->topic == NULL || k->payload == NULL){
+		free_kept(k);
+		return NULL;
+	}
+	if(len) memcpy(k->payload, payload, len);
+	return k;
+}
+
+static bool keep_one(const struct cmsg_mirror *m, void *arg)
+{
+	struct entry *e = arg;
+	const struct store_mirror *s = m->store;
+	mosquitto_property *props = NULL;
+	struct kept *k;
+
+	if(m->qos != 2 || (m->state != MS_WAIT_FOR_PUBCOMP && m->state != MS_RESEND_PUBREL
+				&& m->state != MS_WAIT_FOR_PUBREC)){
+		return true;
+	}
+	if(s->topic == NULL || (s->payloadlen && s->payload == NULL)) return true;
+	if(e->count >= KEEP_MAX || e->bytes + s->payloadlen > KEEP_BYTES
+			|| total_bytes + s->payloadlen > TOTAL_BYTES){
+		return false;
+	}
+	if(s->properties && mosquitto_property_copy_all(&props, s->properties)) return true;
+	k = new_kept(m->mid, 2, s->topic, s->payload, s->payloadlen, props);
+	if(k == NULL){
+		mosquitto_property_free_all(&props);
+		return false;
+	}
+	append(e, k);
+	total_bytes += k->len;
+	n_captured++;
+	return true;
+}
+
+void inflight_capture(struct mosquitto *conn, const char *id)
+{
+	struct entry *e;
+
+	if(id == NULL) return;
+	inflight_forget(id);
+	if(state != ST_OK) return;
+	e = entry_for(&captured, id);
+	if(e == NULL) return;
+	walk_out(conn, keep_one, e);
+	if(e->head == NULL) remove_entry(&captured, e);
+}
+
+void inflight_forget(const char *id)
+{
+	struct entry *e;
+
+	if(id == NULL) return;
+	HASH_FIND_STR(captured, id, e);
+	if(e) remove_entry(&captured, e);
+}
+
+void inflight_forget_ids(const char *id, const cJSON *mids)
+{
+	struct entry *e;
+	struct kept **at, *k;
+	const cJSON *m;
+
+	if(id == NULL || !cJSON_IsArray(mids)) return;
+	HASH_FIND_STR(captured, id, e);
+	if(e == NULL) return;
+	for(at = &e->head; (k = *at) != NULL;){
+		bool drop = false;
+		cJSON_ArrayForEach(m, mids){
+			if(cJSON_IsNumber(m) && m->valuedouble == k->mid) drop = true;
+		}
+		if(!drop){
+			e->tail = k;
+			at = &k->next;
+			continue;
+		}
+		*at = k->next;
+		e->count--;
+		e->bytes -= k->len;
+		total_bytes -= k->len;
+		free_kept(k);
+	}
+	if(e->head == NULL) remove_entry(&captured, e);
+}
+
+cJSON *inflight_unreleased_json(const char *id)
+{
+	cJSON *arr = cJSON_CreateArray();
+	struct entry *e;
+	struct kept *k;
+
+	if(arr == NULL || id == NULL) return arr;
+	HASH_FIND_STR(captured, id, e);
+	for(k = e ? e->head : NULL; k; k = k->next){
+		cJSON *o = cJSON_CreateObject();
+		size_t n;
+		char *b64 = b64_encode(k->payload, k->len, &n);
+		cJSON *props = properties_to_json(k->props);
+
+		if(o == NULL || b64 == NULL){
+			cJSON_Delete(o);
+			cJSON_Delete(props);
+			free(b64);
+			break;
+		}
+		cJSON_AddNumberToObject(o, "mid", k->mid);
+		cJSON_AddStringToObject(o, "topic", k->topic);
+		cJSON_AddStringToObject(o, "payload", b64);
+		cJSON_AddNumberToObject(o, "qos", k->qos);
+		if(props) cJSON_AddItemToObject(o, "properties", props);
+		free(b64);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
+}
+
+const char *inflight_release(const char *client, const cJSON *messages)
+{
+	const cJSON *item;
+	struct entry *e;
+
+	if(client == NULL || !cJSON_IsArray(messages) || cJSON_GetArraySize(messages) > KEEP_MAX){
+		return "bad_request";
+	}
+	cJSON_ArrayForEach(item, messages){
+		const cJSON *mid = cJSON_GetObjectItemCaseSensitive(item, "mid");
+		const cJSON *qos = cJSON_GetObjectItemCaseSensitive(item, "qos");
+		const cJSON *topic = cJSON_GetObjectItemCaseSensitive(item, "topic");
+		const cJSON *payload = cJSON_GetObjectItemCaseSensitive(item, "payload");
+		if(!cJSON_IsNumber(mid) || mid->valuedouble < 1 || mid->valuedouble > 65535
+				|| !cJSON_IsNumber(qos) || qos->valuedouble < 1 || qos->valuedouble > 2
+				|| !cJSON_IsString(topic) || !cJSON_IsString(payload)
+				|| mosquitto_pub_topic_check(topic->valuestring) != MOSQ_ERR_SUCCESS){
+			return "bad_request";
+		}
+	}
+	e = entry_for(&releasing, client);
+	if(e == NULL) return "internal";
+	cJSON_ArrayForEach(item, messages){
+		unsigned char *buf = NULL;
+		size_t len = 0;
+		mosquitto_property *props = NULL;
+		struct kept *k;
+
+		if(b64_decode(cJSON_GetObjectItemCaseSensitive(item, "payload")->valuestring, &buf, &len)
+				|| len > KEEP_BYTES || properties_from_json(
+					cJSON_GetObjectItemCaseSensitive(item, "properties"), &props)){
+			free(buf);
+			if(e->head == NULL) remove_entry(&releasing, e);
+			return "bad_request";
+		}
+		k = new_kept((uint16_t)cJSON_GetObjectItemCaseSensitive(item, "mid")->valuedouble,
+				(uint8_t)cJSON_GetObjectItemCaseSensitive(item, "qos")->valuedouble,
+				cJSON_GetObjectItemCaseSensitive(item, "topic")->valuestring, buf,
+				(uint32_t)len, props);
+		free(buf);
+		if(k == NULL){
+			mosquitto_property_free_all(&props);
+			if(e->head == NULL) remove_entry(&releasing, e);
+			return "internal";
+		}
+		append(e, k);
+	}
+	if(e->head == NULL) remove_entry(&releasing, e);
+	return NULL;
+}
+
+void inflight_note_targeted(void)
+{
+	targeted = true;
+}
+
+static uint16_t next_mid(uint16_t mid)
+{
+	return mid == 65535 ? 1 : (uint16_t)(mid + 1);
+}
+
+struct span {                       /* ids [first, first + len) must be free */
+	uint16_t first;
+	unsigned len;
+	unsigned in_use;
+	bool clash;
+};
+
+static bool count_in_use(const struct cmsg_mirror *m, void *arg)
+{
+	struct span *s = arg;
+	(void)m;
+	s->in_use++;
+	return true;
+}
+
+static bool find_clash(const struct cmsg_mirror *m, void *arg)
+{
+	struct span *s = arg;
+	unsigned dist;
+
+	if(m->mid == 0) return true;
+	dist = (unsigned)((m->mid - s->first + 65535) % 65535);
+	if(dist < s->len){
+		s->clash = true;
+		return false;
+	}
+	return true;
+}
+
+static bool publish_kept(const char *id, struct kept *k)
+{
+	int rc = mosquitto_broker_publish_copy(id, k->topic, (int)k->len, k->payload, k->qos, false,
+			k->props);
+	if(rc == MOSQ_ERR_SUCCESS) k->props = NULL; /* Mosquitto's now */
+	return rc == MOSQ_ERR_SUCCESS;
+}
+
+/* Sends the run of consecutive ids at the head of `e` with those ids, or its first message
+ * with a new id when they cannot be had; `conn`: the client's live connection here, or NULL. */
+static void release_head(struct entry *e, struct mosquitto *conn)
+{
+	struct span s = {e->head->mid, 1, 0, false};
+	struct kept *k, *end;
+	uint16_t *last_mid;
+	bool same = false;
+
+	for(end = e->head; end->next && end->next->mid == next_mid(end->mid); end = end->next){
+		s.len++;
+	}
+	if(conn != NULL && state == ST_OK && walk_out(conn, count_in_use, &s)){
+		s.len += s.in_use + MID_MARGIN; /* what is queued may take the ids after them */
+		if(walk_out(conn, find_clash, &s) && !s.clash && state == ST_OK
+				&& (last_mid = client_last_mid(conn)) != NULL){
+			*last_mid = (uint16_t)(e->head->mid - 1); /* 0 for id 1: the next id is 1 */
+			same = true;
+		}
+	}
+	if(!same) end = e->head;
+	for(;;){
+		k = e->head;
+		e->head = k->next;
+		if(e->head == NULL) e->tail = NULL;
+		e->count--;
+		e->bytes -= k->len;
+		if(publish_kept(e->id, k)){
+			if(same) n_same_id++;
+			else n_new_id++;
+		}
+		free_kept(k);
+		if(k == end) break;
+	}
+}
+
+/* Moves `from`'s messages to the end of `to` (marked `owed`). */
+static void move_all(struct entry **from_table, struct entry *from, struct entry *to)
+{
+	struct kept *k;
+
+	while((k = from->head) != NULL){
+		from->head = k->next;
+		from->count--;
+		from->bytes -= k->len;
+		k->next = NULL;
+		k->owed = true;
+		append(to, k);
+		total_bytes += k->len;
+	}
+	from->tail = NULL;
+	remove_entry(from_table, from);
+}
+
+void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session))
+{
+	struct entry *e, *tmp, *owed;
+	bool has_session;
+
+	if(targeted){ /* queued before ours at the next iteration: they would take the ids */
+		targeted = false;
+		return;
+	}
+	HASH_ITER(hh, releasing, e, tmp){
+		struct mosquitto *conn = live_conn(e->id, &has_session);
+
+		if(conn != NULL){
+			release_head(e, conn);
+			if(e->head == NULL) remove_entry(&releasing, e);
+		}else if(has_session && (owed = entry_for(&captured, e->id)) != NULL){
+			/* offline here: kept for its next connect here, or for the next node's drain */
+			move_all(&releasing, e, owed);
+		}else{
+			n_dropped += e->count;
+			remove_entry(&releasing, e);
+		}
+	}
+}
+
+void inflight_on_client_connect(const char *id, bool session_present)
+{
+	struct entry *e, *to;
+	struct kept *k, *next, *own = NULL;
+
+	if(id == NULL) return;
+	HASH_FIND_STR(captured, id, e);
+	if(e == NULL) return;
+	if(session_present && (to = entry_for(&releasing, id)) != NULL){
+		/* Mosquitto resends the PUBRELs of its own; the owed ones are released at the tick */
+		for(k = e->head; k; k = next){
+			next = k->next;
+			k->next = NULL;
+			if(k->owed){
+				append(to, k);
+			}else{
+				k->next = own;
+				own = k;
+			}
+		}
+		total_bytes -= e->bytes;
+		e->head = e->tail = NULL;
+		e->count = 0;
+		e->bytes = 0;
+		for(k = own; k; k = next){
+			next = k->next;
+			free_kept(k);
+		}
+		if(to->head == NULL) remove_entry(&releasing, to);
+	}
+	remove_entry(&captured, e);
+}
+
+void inflight_stats(cJSON *o)
+{
+	cJSON_AddStringToObject(o, "inflight_reading",
+			state == ST_OK ? "ok" : state == ST_OFF ? "off" : "pending");
+	cJSON_AddNumberToObject(o, "unreleased_kept", (double)n_captured);
+	cJSON_AddNumberToObject(o, "unreleased_same_id", (double)n_same_id);
+	cJSON_AddNumberToObject(o, "unreleased_new_id", (double)n_new_id);
+	cJSON_AddNumberToObject(o, "unreleased_dropped", (double)n_dropped);
+}
+
+void inflight_cleanup(void)
+{
+	struct entry *e, *tmp;
+
+	HASH_ITER(hh, captured, e, tmp) remove_entry(&captured, e);
+	HASH_ITER(hh, releasing, e, tmp) remove_entry(&releasing, e);
+	state = ST_PENDING;
+	msgs_out_off = 0;
+	total_bytes = 0;
+	targeted = false;
+	n_captured = n_same_id = n_new_id = n_dropped = 0;
+}

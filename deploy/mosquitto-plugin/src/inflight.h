@@ -1,0 +1,37 @@
+/* QoS 2 messages a client acknowledged (PUBREC) but had not seen released (PUBREL) when it
+ * left this node, and their release with the same packet identifier on the node where it
+ * resumed (inflight.c). */
+#ifndef MQFED_INFLIGHT_H
+#define MQFED_INFLIGHT_H
+
+#include "util.h"
+
+/* Finds Mosquitto's client fields this module reads (at the sidecar's own connect). */
+void inflight_on_sidecar_auth(struct mosquitto *client);
+/* A shadow connects: a session it makes here numbers its messages from a random packet id,
+ * so that the ids of another node's copy, released here later, are unlikely to be in use. */
+void inflight_on_shadow_auth(struct mosquitto *client);
+/* A client (not a shadow) disconnects: keeps a copy of its QoS 2 messages awaiting PUBCOMP. */
+void inflight_capture(struct mosquitto *conn, const char *id);
+/* The client is back here, or its session ended: Mosquitto itself resolves them, or nobody. */
+void inflight_forget(const char *id);
+/* Drops those of `id` with these packet ids (a JSON array): the next node has them. */
+void inflight_forget_ids(const char *id, const cJSON *mids);
+/* [{"mid", "topic", "payload" (base64), "qos", "properties"}] kept for `id` (maybe empty). */
+cJSON *inflight_unreleased_json(const char *id);
+/* Queue these messages for `client` to be sent with their own packet identifiers at the end
+ * of this loop iteration; NULL, or the error code. */
+const char *inflight_release(const char *client, const cJSON *messages);
+/* A targeted QoS > 0 delivery was queued in this loop iteration (it takes a packet id first). */
+void inflight_note_targeted(void);
+/* The end of a loop iteration: the releases that can go now (`live_conn`: a client's live
+ * connection here, or NULL and whether its session is here). A client offline here keeps
+ * them (owed) for its next connect here or the next node's drain. */
+void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session));
+/* A client (not a shadow) connected here: Mosquitto resends its own PUBRELs; the messages
+ * owed from another node are released at the tick (all are dropped for a new session). */
+void inflight_on_client_connect(const char *id, bool session_present);
+void inflight_stats(cJSON *o);
+void inflight_cleanup(void);
+
+#endif

@@ -1,0 +1,66 @@
+"""QoS 2 messages a client had acknowledged with PUBREC but not seen released (PUBREL) when it
+left a node: the old owner's plugin keeps them (command `unreleased`), its drain sends them with
+the session's queue, and the new owner's plugin sends each again under the same packet id
+(command `release`), so the client gets the release it waits for (deploy/mosquitto-plugin
+`inflight.c`)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.local.events import deliver_item, properties_from_json
+from sidecar.message import MessageProperties
+
+
+@dataclass(frozen=True)
+class Unreleased:
+    """One such message and the packet id the client holds it under."""
+
+    packet_id: int
+    topic: str
+    payload: bytes
+    qos: int
+    properties: MessageProperties = MessageProperties()
+
+
+def problem(u: Unreleased) -> str | None:
+    """Why a peer's message cannot be released, or None."""
+    if not 1 <= u.packet_id <= 65535:
+        return f"packet id {u.packet_id} outside 1..65535"
+    if u.qos not in (1, 2):
+        return f"QoS {u.qos}"
+    if not u.topic:
+        return "empty topic"
+    return None
+
+
+def from_plugin(fields: dict[str, Any]) -> list[Unreleased]:
+    """The `unreleased` reply's messages (a malformed one raises ValueError)."""
+    out = []
+    for item in fields.get("messages") or []:
+        if not isinstance(item, dict):
+            raise ValueError(f"unreleased message is not an object: {item!r}")
+        try:
+            payload = base64.b64decode(item["payload"], validate=True)
+            out.append(Unreleased(int(item["mid"]), str(item["topic"]), payload,
+                                  int(item["qos"]),
+                                  properties_from_json(item.get("properties") or {})))
+        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error, ProtocolError
+            raise ValueError(f"malformed unreleased message: {exc}") from exc
+    return out
+
+
+def without_resent(collected: list[tuple[Any, Any]], unreleased: list[Unreleased]) -> list:
+    """A drained queue (the shadow's (paho message, queued) pairs) without the QoS 2 messages
+    that travel as unreleased: Mosquitto sent those to the shadow again under the same packet
+    ids (they were in flight at the client's departure, awaiting its PUBREC)."""
+    ids = {u.packet_id for u in unreleased}
+    return [q for m, q in collected if not (ids and m.qos == 2 and m.mid in ids)]
+
+
+def to_plugin(messages: list[Unreleased]) -> list[dict[str, Any]]:
+    """The `release` command's messages."""
+    return [{**deliver_item(u.topic, u.payload, u.qos, u.properties), "mid": u.packet_id}
+            for u in messages]
