@@ -14,8 +14,6 @@ held for a client that resumed elsewhere during its stop can be lost (docs/opera
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.procs import ProcessGroup, wait_for
+from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import REPO, connect, mqfed
+from tests.system.drain import versions
 from tests.system.drain.traffic import TracedDevice, TracedPublisher, new_writer
-from tests.system.drain.versions import OLD_COMMIT, MixedCluster, build_old_tree
-from tests.system.routing.conftest import _need_plugin
+from tests.system.drain.versions import OLD_COMMIT, MixedCluster
 
 SUBSCRIBERS = 20
 RATE = 100.0
@@ -35,30 +33,14 @@ RATE = 100.0
 
 @pytest.fixture(scope="module")
 def old_tree() -> Iterator[Path]:
-    _need_plugin()
-    root = Path(tempfile.mkdtemp(prefix="mqfed-old-", dir="/tmp"))
-    root.chmod(0o755)  # Mosquitto's own user loads the plugin below
-    try:
-        yield build_old_tree(root / OLD_COMMIT)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with versions.old_tree(OLD_COMMIT) as tree:
+        yield tree
 
 
 @pytest.fixture
 def mixed(request: pytest.FixtureRequest) -> Iterator[MixedCluster]:
-    root = Path(tempfile.mkdtemp(prefix="mqfed-mixed-", dir="/tmp"))
-    root.chmod(0o755)
-    procs = ProcessGroup(root / "procs")
-    cluster = MixedCluster(root, procs)
-    failed_before = request.session.testsfailed
-    try:
+    with versions.mixed_cluster(request) as cluster:
         yield cluster
-    finally:
-        cluster.close()
-        if request.session.testsfailed > failed_before:
-            print(procs.dump_logs())
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def _retained(port: int, topic: str, timeout: float = 10.0) -> bytes | None:

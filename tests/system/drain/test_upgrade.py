@@ -11,18 +11,15 @@ Upgrading from a version without the drain (1.2 and earlier) is test_mixed_versi
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness.procs import ProcessGroup
 from tests.system.cluster.conftest import REPO, mqfed
+from tests.system.drain import versions
 from tests.system.drain.traffic import under_traffic
-from tests.system.drain.versions import MixedCluster, build_old_tree
-from tests.system.routing.conftest import _need_plugin
+from tests.system.drain.versions import MixedCluster
 
 DRAIN_COMMIT = os.environ.get("MQFED_DRAIN_COMMIT", "c2b5853")
 """An earlier version with the drain (peer protocol 1.3): the tree of the last stop that
@@ -31,30 +28,14 @@ landed before this work."""
 
 @pytest.fixture(scope="module")
 def drain_tree() -> Iterator[Path]:
-    _need_plugin()
-    root = Path(tempfile.mkdtemp(prefix="mqfed-prev-", dir="/tmp"))
-    root.chmod(0o755)  # Mosquitto's own user loads the plugin below
-    try:
-        yield build_old_tree(root / DRAIN_COMMIT, DRAIN_COMMIT)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with versions.old_tree(DRAIN_COMMIT) as tree:
+        yield tree
 
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest) -> Iterator[MixedCluster]:
-    root = Path(tempfile.mkdtemp(prefix="mqfed-upgrade-", dir="/tmp"))
-    root.chmod(0o755)
-    procs = ProcessGroup(root / "procs")
-    mixed = MixedCluster(root, procs)
-    failed_before = request.session.testsfailed
-    try:
+    with versions.mixed_cluster(request) as mixed:
         yield mixed
-    finally:
-        mixed.close()
-        if request.session.testsfailed > failed_before:
-            print(procs.dump_logs())
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_upgrade_node_by_node_with_drain_loses_nothing(cluster, drain_tree, tmp_path):

@@ -13,12 +13,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from sidecar.config import render_toml
 from sidecar.devcluster import etcd, haproxy
@@ -27,6 +33,7 @@ from sidecar.devcluster.procs import ProcRef
 from sidecar.procinfo import pid_alive, runs
 from tests.harness.procs import ManagedProcess, ProcessGroup, wait_for
 from tests.system.cluster.conftest import REPO, base_port
+from tests.system.routing.conftest import _need_plugin
 
 OLD_COMMIT = os.environ.get("MQFED_OLD_COMMIT", "81d7d08")
 """The earlier version: the last commit with peer protocol 1.1 (no wills, no replicas, no
@@ -52,6 +59,37 @@ def build_old_tree(dest: Path, commit: str = OLD_COMMIT) -> Path:
     if proto.returncode != 0:
         raise RuntimeError(f"protogen of {commit} failed: {proto.stderr[-2000:]}")
     return dest
+
+
+@contextmanager
+def old_tree(commit: str) -> Iterator[Path]:
+    """`commit` built in a folder of its own (Mosquitto's user can read it), removed after."""
+    _need_plugin()
+    root = Path(tempfile.mkdtemp(prefix="mqfed-old-", dir="/tmp"))
+    root.chmod(0o755)  # Mosquitto's own user loads the plugin below
+    try:
+        yield build_old_tree(root / commit, commit)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def mixed_cluster(request: pytest.FixtureRequest) -> Iterator[MixedCluster]:
+    """A `MixedCluster` in a folder of its own, closed after the test (its logs printed and
+    its folder kept if the test failed)."""
+    root = Path(tempfile.mkdtemp(prefix="mqfed-mixed-", dir="/tmp"))
+    root.chmod(0o755)
+    procs = ProcessGroup(root / "procs")
+    cluster = MixedCluster(root, procs)
+    failed_before = request.session.testsfailed
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        if request.session.testsfailed > failed_before:
+            print(procs.dump_logs())
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass

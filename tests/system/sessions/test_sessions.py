@@ -23,11 +23,11 @@ from tests.system.cluster.conftest import mqfed
 from tests.system.sessions.clients import Device, publish
 
 
-def _session(cluster, node: str, topic: str, v5: bool = True) -> Device:
-    """A persistent session on `node` subscribed to `topic` at QoS 1, then offline."""
+def _session(cluster, node: str, topic: str, v5: bool = True, qos: int = 1) -> Device:
+    """A persistent session on `node` subscribed to `topic` at `qos`, then offline."""
     dev = Device(f"dev-{time.time_ns()}", v5=v5)
     dev.connect(cluster.ports[node], clean=v5)  # v5: a new session that outlives this connect
-    dev.subscribe(topic, 1)
+    dev.subscribe(topic, qos)
     cluster.wait_interest(node, topic)
     dev.leave()
     return dev
@@ -122,11 +122,7 @@ def test_twenty_moves_under_qos2_traffic_release_what_waited_for_its_pubrel(shar
     there yet)."""
     cluster = shared_cluster
     topic = f"moves/q2/{time.time_ns()}"
-    dev = Device(f"dev-{time.time_ns()}")
-    dev.connect(cluster.ports["n1"], clean=True)
-    dev.subscribe(topic, 2)
-    cluster.wait_interest("n1", topic)
-    dev.leave()
+    dev = _session(cluster, "n1", topic, qos=2)
     sent = _twenty_moves(cluster, dev, topic, 2)
     got = dev.wait_count(len(set(sent)), timeout=30)
     missing = sorted(set(sent) - set(got))
@@ -286,11 +282,7 @@ def test_qos2_is_exactly_once_across_moves_and_a_later_move_delivers_nothing_aga
     and nothing delivered again by a later move."""
     cluster = shared_cluster
     topic = f"q2move/{time.time_ns()}"
-    dev = Device(f"dev-{time.time_ns()}")
-    dev.connect(cluster.ports["n1"], clean=True)
-    dev.subscribe(topic, 2)
-    cluster.wait_interest("n1", topic)
-    dev.leave()
+    dev = _session(cluster, "n1", topic, qos=2)
     sent = 0
     for step, (publisher, target) in enumerate([("n3", "n2"), ("n1", "n3"), ("n2", "n1")]):
         publish(cluster.ports[publisher], topic, 100, qos=2, start=sent)
