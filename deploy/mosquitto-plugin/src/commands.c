@@ -732,6 +732,7 @@ static void cmd_unreleased(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
 	const cJSON *forget = cJSON_GetObjectItemCaseSensitive(req, "forget");
+	struct client *c;
 	cJSON *o;
 
 	if(client == NULL || (forget != NULL && !cJSON_IsArray(forget))){
@@ -739,8 +740,12 @@ static void cmd_unreleased(const struct request *rq, const cJSON *req)
 		return;
 	}
 	inflight_forget_ids(client, forget);
+	c = model_find(client);
 	o = reply_new(rq, true);
-	if(o) cJSON_AddItemToObject(o, "messages", inflight_unreleased_json(client));
+	if(o){
+		cJSON_AddItemToObject(o, "messages", inflight_unreleased_json(client,
+				c != NULL && model_client_online(c) && !sidecar_vouched(model_client_conn(c))));
+	}
 	reply_send(rq, o);
 }
 

@@ -353,13 +353,35 @@ void inflight_forget_ids(const char *id, const cJSON *mids)
 	if(e->head == NULL) remove_entry(&captured, e);
 }
 
-cJSON *inflight_unreleased_json(const char *id)
+/* Moves `from`'s messages to the end of `to` (marked `owed`). */
+static void move_all(struct entry **from_table, struct entry *from, struct entry *to)
+{
+	struct kept *k;
+
+	while((k = from->head) != NULL){
+		from->head = k->next;
+		from->count--;
+		from->bytes -= k->len;
+		k->next = NULL;
+		k->owed = true;
+		append(to, k);
+		total_bytes += k->len;
+	}
+	from->tail = NULL;
+	remove_entry(from_table, from);
+}
+
+cJSON *inflight_unreleased_json(const char *id, bool live_here)
 {
 	cJSON *arr = cJSON_CreateArray();
-	struct entry *e;
+	struct entry *e, *pending, *owed;
 	struct kept *k;
 
 	if(arr == NULL || id == NULL) return arr;
+	HASH_FIND_STR(releasing, id, pending);
+	if(pending && !live_here && (owed = entry_for(&captured, id)) != NULL){
+		move_all(&releasing, pending, owed); /* the tick would keep them so: a drain asks now */
+	}
 	HASH_FIND_STR(captured, id, e);
 	for(k = e ? e->head : NULL; k; k = k->next){
 		cJSON *o = cJSON_CreateObject();
@@ -516,24 +538,6 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 		free_kept(k);
 		if(k == end) break;
 	}
-}
-
-/* Moves `from`'s messages to the end of `to` (marked `owed`). */
-static void move_all(struct entry **from_table, struct entry *from, struct entry *to)
-{
-	struct kept *k;
-
-	while((k = from->head) != NULL){
-		from->head = k->next;
-		from->count--;
-		from->bytes -= k->len;
-		k->next = NULL;
-		k->owed = true;
-		append(to, k);
-		total_bytes += k->len;
-	}
-	from->tail = NULL;
-	remove_entry(from_table, from);
 }
 
 void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session))

@@ -17,8 +17,9 @@ void inflight_capture(struct mosquitto *conn, const char *id);
 void inflight_forget(const char *id);
 /* Drops those of `id` with these packet ids (a JSON array): the next node has them. */
 void inflight_forget_ids(const char *id, const cJSON *mids);
-/* [{"mid", "topic", "payload" (base64), "qos", "properties"}] kept for `id` (maybe empty). */
-cJSON *inflight_unreleased_json(const char *id);
+/* [{"mid", "topic", "payload" (base64), "qos", "properties"}] kept for `id` (maybe empty),
+ * including those a `release` left for the next tick while it is not connected here. */
+cJSON *inflight_unreleased_json(const char *id, bool live_here);
 /* Queue these messages for `client` to be sent with their own packet identifiers at the end
  * of this loop iteration; NULL, or the error code. */
 const char *inflight_release(const char *client, const cJSON *messages);
