@@ -104,6 +104,13 @@ class NodeCollector(Collector):
         moved.add_metric(["received"], st["backlog_received"])
         moved.add_metric(["failed"], st["backlog_failed"])
         yield moved
+        unreleased = _counter("session_unreleased_messages", "QoS 2 messages a moving client "
+                              "had acknowledged (PUBREC) but not seen released, sent again "
+                              "on its new node under the same packet id, by outcome.",
+                              ["outcome"])
+        for outcome in ("sent", "received", "refused"):
+            unreleased.add_metric([outcome], st[f"unreleased_{outcome}"])
+        yield unreleased
         if st.get("queued_here") is not None:
             yield GaugeMetricFamily("mqfed_session_queued_here", "QoS > 0 messages this "
                                     "node's Mosquitto queued for offline sessions (the "
