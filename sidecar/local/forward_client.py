@@ -380,6 +380,7 @@ class ForwardClient:
                 "unacked": len(self.tracker.unacked),
                 "subscribe_refused": self.subscribe_refused,
                 "subscribe_packets": self.subscribe_packets,
+                "subscribing": len(self._subscribing),
                 "reinject": self.window.status()}
 
     def refused_by_reason(self) -> dict[str, int]:

@@ -15,18 +15,28 @@ its own for a wildcard or shared filter; literal plain filters added together sh
 topic matches two literal filters, so a copy's identifier still names exactly one filter.
 
 Every change costs O(changed keys): the union, the trie and the persistence journal
-(`take_journal`, written by an adapter as rows) are updated per key, never rebuilt.
+(`take_journal`, written by an adapter as rows) are updated per key, never rebuilt. Only
+wildcard filters are in the trie: a literal one matches one topic, itself, found in the union
+map by the topic (a joining node's 100,000 literal filters cost no trie nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sidecar.routing.local_interest import InterestDelta, InterestSnapshot, LocalInterest
 from sidecar.routing.shared import RoundRobin
 from sidecar.routing.table import InterestKey
-from sidecar.topics import SHARE_PREFIX, TopicError, TopicTrie, matches, parse_filter
+from sidecar.topics import (
+    SHARE_PREFIX,
+    TopicError,
+    TopicTrie,
+    all_literal,
+    matches,
+    parse_filter,
+)
 
 __all__ = [
     "JOURNAL_ADD",
@@ -231,7 +241,7 @@ class RemoteInterest:
         self._union: dict[str, _Union] = {}  # verbatim filter -> subscription
         self._singles: dict[int, _Union] = {}  # id -> wildcard or shared subscription
         self._groups: dict[int, int] = {}  # id -> how many literal filters share it
-        self._plain: TopicTrie[_Union] = TopicTrie()  # plain union filters
+        self._wild: TopicTrie[_Union] = TopicTrie()  # plain union filters with wildcards
         self._shared: dict[InterestKey, tuple[str, ...]] = {}  # sorted peers per shared key
         self._peer_sets = _PeerSets()
         self._rr: RoundRobin[str] = RoundRobin(seed)
@@ -379,7 +389,7 @@ class RemoteInterest:
     def peers_for(self, topic: str) -> set[str]:
         """Peers with plain (non-shared) interest matching the topic."""
         result: set[str] = set()
-        for sub in self._plain.match(topic):
+        for sub in self._plain_matching(topic):
             result |= sub.peers
         return result
 
@@ -443,7 +453,7 @@ class RemoteInterest:
                 shared.append(SharedDelivery(peer, key.group, key.filter))
         peers: frozenset[str] = frozenset()
         if plain_min:
-            matching = self._plain.match(topic)
+            matching = self._plain_matching(topic)
             if plain_min == min(u.sid for u in matching):
                 if len(matching) == 1:
                     peers = next(iter(matching)).peers  # (shared, immutable)
@@ -458,10 +468,26 @@ class RemoteInterest:
 
     # ---- internals -------------------------------------------------------------------------
 
+    def _plain_matching(self, topic: str) -> set[_Union]:
+        """The plain union filters matching `topic`: the wildcard ones from the trie, and the
+        literal one equal to the topic (a dict lookup: literal filters are not in the trie)."""
+        matching = self._wild.match(topic)
+        literal = self._union.get(topic)
+        if literal is not None and literal.key.group is None:
+            matching.add(literal)
+        return matching
+
     def _valid(self, keys: Iterable[InterestKey],
                into: set[InterestKey] | None = None) -> set[InterestKey]:
-        """The keys that are valid filters (added to `into` if given, and it returned)."""
+        """The keys that are valid filters (added to `into` if given, and it returned). Keys
+        that are all plain literal filters (a bulk of device topics) are checked in one pass."""
         result = set() if into is None else into
+        if not isinstance(keys, (set, frozenset)):
+            keys = list(keys)
+        filters = [key.filter for key in keys if key.group is None]
+        if len(filters) == len(keys) and all_literal(filters):
+            result.update(keys)
+            return result
         for key in keys:
             try:
                 group, inner = parse_filter(key.verbatim)
@@ -507,16 +533,26 @@ class RemoteInterest:
                 journal.append((JOURNAL_ADD, peer, key.verbatim, sub.sid))
             if key.group is not None:
                 self._set_shared(key, sub.peers)
-        new_literal.sort(key=_order)
+        if not new_literal and not new_other:
+            return actions
+        new_literal.sort(key=_filter_of)  # (all plain: ordered by filter, as `_order`)
         new_other.sort(key=_order)
-        sid = 0
         alone = self._peer_sets.with_(_NO_PEERS, peer)
-        literals = len(new_literal)
-        for i, key in enumerate(new_literal + new_other):
-            if i >= literals or i % self._literal_group == 0:
-                sid = self._allocate()
+        size = self._literal_group
+        for start in range(0, len(new_literal), size):  # per identifier, O(1) for the group
+            group = new_literal[start:start + size]
+            sid = self._allocate()
+            self._groups[sid] = len(group)
+            for key in group:
+                verbatim = key.filter  # (plain: the verbatim filter)
+                union[verbatim] = _Union(verbatim, key, sid, alone)
+                actions.append(LocalSubscribe(verbatim, sid))
+            if journal is not None:
+                journal.extend([(JOURNAL_ADD, peer, key.filter, sid) for key in group])
+        for key in new_other:
+            sid = self._allocate()
             verbatim = key.verbatim
-            self._add_union(verbatim, key, sid, alone, i < literals)
+            self._add_union(verbatim, key, sid, alone, False)
             if journal is not None:
                 journal.append((JOURNAL_ADD, peer, verbatim, sid))
             if key.group is not None:
@@ -529,10 +565,10 @@ class RemoteInterest:
         sub = self._union[verbatim] = _Union(verbatim, key, sid, peers)
         if _literal(key) if literal is None else literal:
             self._groups[sid] = self._groups.get(sid, 0) + 1
-        else:
-            self._singles[sid] = sub
+            return sub  # (found by the topic in `_union`: no trie node of its own)
+        self._singles[sid] = sub
         if key.group is None:
-            self._plain.add(verbatim, sub, checked=True)  # (keys are checked on the way in)
+            self._wild.add(verbatim, sub, checked=True)  # (keys are checked on the way in)
         return sub
 
     def _drop_union(self, sub: _Union) -> None:
@@ -546,8 +582,8 @@ class RemoteInterest:
                 del self._groups[sid]
         else:
             del self._singles[sid]
-        if sub.key.group is None:
-            self._plain.remove(sub.verbatim, sub)
+            if sub.key.group is None:
+                self._wild.remove(sub.verbatim, sub)
         if sid == self._top_sid:  # amortized O(1): each step passes an id released once
             while self._top_sid and not self._in_use(self._top_sid):
                 self._top_sid -= 1
@@ -583,3 +619,6 @@ class RemoteInterest:
 
 def _order(key: InterestKey) -> tuple[str, str]:
     return (key.group or "", key.filter)
+
+
+_filter_of = attrgetter("filter")
