@@ -42,6 +42,7 @@ __all__ = [
     "JOURNAL_ADD",
     "JOURNAL_FREE",
     "JOURNAL_REMOVE",
+    "LEAVE_STEP",
     "LITERAL_GROUP",
     "MAX_SUBSCRIPTION_ID",
     "ForwardDecision",
@@ -157,6 +158,10 @@ class _Peer:
 
 _NO_PEERS: frozenset[str] = frozenset()
 
+LEAVE_STEP = 5000
+"""Keys of a peer that left the membership dropped per step (`remove_peer`,
+`continue_removals`)."""
+
 PEER_SETS = 4096
 """Peer-set transitions remembered (`_PeerSets`); beyond, the memo starts afresh."""
 
@@ -215,9 +220,9 @@ class RemoteInterest:
     `apply_delta` applies it only if its `from_version` is the peer's current version (and
     `to_version` is greater), otherwise it is ignored and a `RequestSnapshot` is returned (once,
     until the next snapshot). Keys that are not valid MQTT filters are skipped and counted in
-    `invalid_keys`. `remove_peer` drops the peer's interest: call it when the peer leaves the
-    membership, NOT when its stream drops — while a peer is unreachable its interest stays, so
-    QoS ≥ 1 messages for it keep flowing into its queue.
+    `invalid_keys`. `remove_peer` drops the peer's interest (in steps: `continue_removals`):
+    call it when the peer leaves the membership, NOT when its stream drops — while a peer is
+    unreachable its interest stays, so QoS ≥ 1 messages for it keep flowing into its queue.
 
     Subscription identifiers: a new identifier is ``1 + the largest in use`` (so identifiers are
     reused once those above them are released); only past `MAX_SUBSCRIPTION_ID` does allocation
@@ -248,6 +253,8 @@ class RemoteInterest:
         self._top_sid = 0
         self._literal_group = max(1, literal_group)
         self._journal: list[JournalOp] | None = [] if journal else None
+        self._leaving: dict[str, tuple[_Peer, list[InterestKey]]] = {}  # keys still to drop
+        self._gone: frozenset[str] = frozenset()  # the peers in `_leaving`
         self.invalid_keys = 0
 
     # ---- updates ---------------------------------------------------------------------------
@@ -259,6 +266,8 @@ class RemoteInterest:
         one. The other keys a chunk adds are subscribed at once: a joining node's 100,000
         filters are then 20 steps of O(chunk), not one step that blocks its loop for seconds
         (the peer holds them in any case: the snapshot is its interest now)."""
+        if peer in self._leaving:  # back before its keys were all dropped: drop them first
+            return self._drop_leaving(peer, None) + self.apply_snapshot(peer, snapshot)
         state = self._peers.setdefault(peer, _Peer())
         if snapshot.chunk == 0:
             state.chunks, state.chunks_version, state.next_chunk = None, snapshot.version, 0
@@ -292,6 +301,8 @@ class RemoteInterest:
     def apply_delta(self, peer: str, delta: InterestDelta) -> list[InterestAction]:
         """Apply the delta if it follows the peer's current version; else ask for a snapshot.
         Costs O(keys in the delta), whatever the interest held."""
+        if peer in self._leaving:
+            return self._drop_leaving(peer, None) + self.apply_delta(peer, delta)
         state = self._peers.get(peer)
         if state is None or state.version is None:
             reason = "delta before any snapshot"
@@ -311,12 +322,30 @@ class RemoteInterest:
         state.awaiting_snapshot = True
         return [RequestSnapshot(peer, state.version, reason)]
 
-    def remove_peer(self, peer: str) -> list[InterestAction]:
-        """Forget the peer and its interest."""
+    def remove_peer(self, peer: str, max_keys: int | None = None) -> list[InterestAction]:
+        """Forget the peer and its interest. It stops counting at once (forward decisions and
+        shared picks pass it over, `peers()` and `holds` leave it out); its keys are dropped
+        (unsubscribed, journaled) `max_keys` at a time, None: all now. Call `continue_removals`
+        until `removing` is False for the rest: a peer holding 100,000 keys is then 20 steps,
+        not one that blocks the loop for seconds."""
+        actions = self._drop_leaving(peer, None)  # (removed again before its keys were gone)
         state = self._peers.pop(peer, None)
         if state is None:
-            return []
-        return self._change(peer, state, set(), set(state.keys))
+            return actions
+        self._leaving[peer] = (state, list(state.keys))
+        self._gone = frozenset(self._leaving)
+        return actions + self._drop_leaving(peer, max_keys)
+
+    @property
+    def removing(self) -> bool:
+        """Keys of peers that left are still to be dropped (`continue_removals`)."""
+        return bool(self._leaving)
+
+    def continue_removals(self, max_keys: int = LEAVE_STEP) -> list[InterestAction]:
+        """Drop up to `max_keys` more keys of the peers that left (O(max_keys))."""
+        for peer in self._leaving:
+            return self._drop_leaving(peer, max_keys)
+        return []
 
     def take_journal(self) -> list[JournalOp]:
         """The changes recorded since the last call (empty without `journal`)."""
@@ -391,11 +420,11 @@ class RemoteInterest:
         result: set[str] = set()
         for sub in self._plain_matching(topic):
             result |= sub.peers
-        return result
+        return result - self._gone if self._gone else result
 
     def shared_peers(self, group: str, filter: str) -> set[str]:
         """Peers with members of ``$share/<group>/<filter>``."""
-        return set(self._shared.get(InterestKey(group, filter), ()))
+        return set(self._shared.get(InterestKey(group, filter), ())) - self._gone
 
     def local_subscriptions(self) -> dict[str, int]:
         """The local forwarding subscriptions: verbatim filter -> subscription identifier."""
@@ -462,6 +491,8 @@ class RemoteInterest:
                     for sub in matching:
                         targets |= sub.peers
                     peers = frozenset(targets)
+            if self._gone and peers:  # (peers that left, their keys not all dropped yet)
+                peers = peers - self._gone
         if not peers and not shared and not unroutable:
             return _NOTHING
         return ForwardDecision(peers, tuple(shared), tuple(unroutable))
@@ -476,6 +507,20 @@ class RemoteInterest:
         if literal is not None and literal.key.group is None:
             matching.add(literal)
         return matching
+
+    def _drop_leaving(self, peer: str, max_keys: int | None) -> list[InterestAction]:
+        """Drop up to `max_keys` (None: all) of the keys left of a peer that left."""
+        leaving = self._leaving.get(peer)
+        if leaving is None:
+            return []
+        state, pending = leaving
+        count = len(pending) if max_keys is None else max(1, max_keys)
+        part = set(pending[-count:])
+        del pending[-count:]
+        if not pending:
+            del self._leaving[peer]
+            self._gone = frozenset(self._leaving)
+        return self._change(peer, state, set(), part)
 
     def _valid(self, keys: Iterable[InterestKey],
                into: set[InterestKey] | None = None) -> set[InterestKey]:
@@ -609,6 +654,8 @@ class RemoteInterest:
 
     def _pick(self, key: InterestKey, down: Collection[str]) -> str | None:
         holders = self._shared.get(key)
+        if holders and self._gone:
+            holders = tuple(p for p in holders if p not in self._gone)
         if not holders:
             return None
         if down:

@@ -127,6 +127,41 @@ def test_remove_peer_drops_its_interest():
     assert ri.remove_peer("nobody") == []
 
 
+def test_a_peer_that_left_is_dropped_in_steps_and_passed_over_meanwhile():
+    """remove_peer with a step: the peer stops counting at once, its keys go `max_keys` per
+    call (operation counts: journal ops per step, one unsubscribe per filter nobody holds)."""
+    ri = RemoteInterest(journal=True)
+    many = [f"d/{i}" for i in range(12_000)]
+    ri.apply_snapshot("p1", snap(1, *many, "w/+", "$share/g/s"))
+    ri.apply_snapshot("p2", snap(1, "d/5", "$share/g/s"))
+    ri.take_journal()
+    steps = [ri.remove_peer("p1", 5000)]
+    removed = [sum(op[0] == "-" for op in ri.take_journal())]
+    assert ri.removing and ri.peers() == {"p2"} and not ri.holds("p1", K("d/7"))
+    for topic in ("d/5", "d/7", "w/x"):  # p1's filters may still be subscribed: not for p1
+        assert all("p1" not in d.peers for d in deliver(ri, topic))
+    assert ri.peers_for("d/5") == {"p2"} and ri.shared_peers("g", "s") == {"p2"}
+    assert [s.peer for d in deliver(ri, "s") for s in d.shared] == ["p2"]
+    while ri.removing:
+        steps.append(ri.continue_removals(5000))
+        removed.append(sum(op[0] == "-" for op in ri.take_journal()))
+    assert removed == [5000, 5000, 2002] and ri.continue_removals() == []
+    assert sum(isinstance(a, LocalUnsubscribe) for step in steps for a in step) == 12_000
+    assert set(ri.local_subscriptions()) == {"d/5", "$share/g/s"}
+
+
+def test_a_peer_back_before_its_removal_ended_starts_afresh():
+    ri = RemoteInterest()
+    ri.apply_snapshot("p1", snap(1, *(f"d/{i}" for i in range(100))))
+    ri.remove_peer("p1", 10)
+    actions = ri.apply_snapshot("p1", snap(1, "d/1", "e"))
+    assert not ri.removing and set(ri.local_subscriptions()) == {"d/1", "e"}
+    assert ri.keys("p1") == {K("d/1"), K("e")}
+    assert ri.forward_targets("d/1", [ri.local_subscriptions()["d/1"]]).peers == {"p1"}
+    subs = [a.filter for a in actions if isinstance(a, LocalSubscribe)]
+    assert sorted(subs) == ["d/1", "e"] or sorted(subs) == ["e"]
+
+
 def test_invalid_keys_are_skipped_and_counted():
     ri = RemoteInterest()
     bad = {InterestKey(None, "a/#/b"), InterestKey(None, "$share/g/x"), InterestKey("g+", "x")}
@@ -283,7 +318,8 @@ filters = st.builds(
 ).filter(lambda f: f is not None)
 peers = st.sampled_from(["p1", "p2", "p3"])
 ops = st.lists(
-    st.tuples(st.sampled_from(["snap", "delta", "remove"]), peers, st.sets(filters, max_size=4),
+    st.tuples(st.sampled_from(["snap", "delta", "remove", "leave"]), peers,
+              st.sets(filters, max_size=4),
               st.sets(filters, max_size=3)),
     max_size=25,
 )
@@ -297,7 +333,20 @@ def test_properties(operations, sample_topics):
     model: dict[str, set[str]] = {}  # peer -> verbatim filters
     versions: dict[str, int] = {}
     subscribed: dict[str, int] = {}  # what Mosquitto would have, from the actions
+
+    def track(actions) -> None:
+        for action in actions:
+            if isinstance(action, LocalSubscribe):
+                assert action.filter not in subscribed
+                holders = [f for f, sid in subscribed.items() if sid == action.subscription_id]
+                # only literal plain filters share an id (no topic matches two of them)
+                assert all(literal(f) for f in holders + [action.filter]) or not holders
+                subscribed[action.filter] = action.subscription_id
+            elif isinstance(action, LocalUnsubscribe):
+                assert subscribed.pop(action.filter) == action.subscription_id
+
     for kind, peer, a, b in operations:
+        track(ri.continue_removals(1))  # (a departed peer's keys go one per operation)
         if kind == "snap":
             versions[peer] = versions.get(peer, 0) + 1
             actions = ri.apply_snapshot(peer, snap(versions[peer], *a))
@@ -308,18 +357,16 @@ def test_properties(operations, sample_topics):
             actions = ri.apply_delta(peer, delta(v, v + 1, added=a, removed=b - a))
             model[peer] = (model[peer] | a) - (b - a)
         else:
-            actions = ri.remove_peer(peer)
+            actions = ri.remove_peer(peer, 1 if kind == "leave" else None)
             model.pop(peer, None)
             versions.pop(peer, None)
-        for action in actions:
-            if isinstance(action, LocalSubscribe):
-                assert action.filter not in subscribed
-                holders = [f for f, sid in subscribed.items() if sid == action.subscription_id]
-                # only literal plain filters share an id (no topic matches two of them)
-                assert all(literal(f) for f in holders + [action.filter]) or not holders
-                subscribed[action.filter] = action.subscription_id
-            elif isinstance(action, LocalUnsubscribe):
-                assert subscribed.pop(action.filter) == action.subscription_id
+        track(actions)
+        for topic in sample_topics:  # a peer that left gets nothing, its keys dropped or not
+            plain = {p for p, fs in model.items() if any(
+                matches(f, topic) for f in fs if not f.startswith("$share/"))}
+            assert forwarded(deliver(ri, topic)) == ([plain] if plain else [])
+    while ri.removing:
+        track(ri.continue_removals(1))
     wanted = set().union(*model.values()) if model else set()
     assert subscribed == ri.local_subscriptions()
     assert set(subscribed) == wanted
