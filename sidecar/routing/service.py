@@ -301,17 +301,11 @@ class RoutingService(CatchUpWiring):
 
     def _schedule_removals(self) -> None:
         """The interest of peers that left goes `LEAVE_STEP` keys per loop turn (100,000 keys
-        in one step blocked the loop for seconds); without a running loop, all at once."""
+        in one step blocked the loop for seconds)."""
         if self._removals_due or not self.remote.removing:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            while self.remote.removing:
-                self._run_interest(self.remote.continue_removals())
-            return
         self._removals_due = True
-        loop.call_soon(self._continue_removals)
+        asyncio.get_running_loop().call_soon(self._continue_removals)
 
     def _continue_removals(self) -> None:
         self._removals_due = False
