@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sidecar.topics import (
     TopicError,
     TopicTrie,
+    all_literal,
     matches,
     mqtt_string_problem,
     parse_filter,
@@ -189,6 +190,29 @@ def test_parse_filter_fast_path_agrees_with_the_rules(parts: list[str]) -> None:
     except TopicError:
         got = TopicError
     assert got == expected
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(st.sampled_from(["a", "/", "+", "#", "$", "$share/", "ü", "\x00",
+                                          "\x9f", "\ud800", "\ufdd0", "\U0001ffff"]),
+                         max_size=6).map("".join), max_size=4))
+def test_all_literal_agrees_with_parse_filter(filters: list[str]) -> None:
+    def literal(text: str) -> bool:
+        try:
+            group, inner = parse_filter(text)
+        except TopicError:
+            return False
+        return group is None and "+" not in inner and "#" not in inner
+
+    assert all_literal(filters) == all(literal(f) for f in filters)
+
+
+def test_all_literal_edges() -> None:
+    assert not all_literal(["a\x00b"])  # (U+0000 separates them: one inside is refused)
+    assert not all_literal(["a", "$share/g/b"]) and not all_literal(["a", ""])
+    assert all_literal(["a" * (65_535 // 4)])
+    assert not all_literal(["a", "a" * (65_535 // 4 + 1)])  # (parse_filter checks those)
+    assert all_literal([])
 
 
 # ---- trie ----------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ Three phases, each timed from outside (state.json, written every 0.2-0.5 s, so t
    applied), CPU seconds and memory growth per 10,000 filters in every sidecar and Mosquitto;
 2. churn: one client per node subscribes and unsubscribes `churn_rate` filters per second in
    all (each), for `churn_seconds`: interest lag p50/p99 over that time (bucket-interpolated);
-3. join: `mqfed add-node`, then the time until the new node routes everyone's interest.
+3. join: `mqfed add-node`, then the time until the new node knows everyone's interest (every
+   peer's keys held there, the criterion before 2026-11-26), and until it routes it: also
+   persisted, its forwarding subscriptions issued and every SUBSCRIBE answered by Mosquitto.
 """
 
 from __future__ import annotations
@@ -249,18 +251,29 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def _subscribed(cluster: BenchCluster, node: str) -> bool:
+    """`node` has persisted every interest change it applied, issued their forwarding
+    subscriptions, and Mosquitto answered every SUBSCRIBE: they are in effect."""
+    routing = cluster.state(node).get("routing") or {}
+    return ((routing.get("interest") or {}).get("persist_pending") == 0
+            and (routing.get("fwd") or {}).get("subscribing") == 0)
+
+
 def _join(cluster: BenchCluster, opts: ScaleOptions, say) -> dict[str, Any]:
     say("join: mqfed add-node ...")
     start = time.monotonic()
     entry = cluster.add_node()
     ready = time.monotonic()
     nodes = [n["id"] for n in cluster.info["nodes"]]
-    routed = _wait(lambda: _settled(cluster, nodes), opts.timeout,
-                   f"{entry['id']} to route everyone's interest")
+    known = _wait(lambda: _settled(cluster, nodes), opts.timeout,
+                  f"{entry['id']} to know everyone's interest")
+    routed = _wait(lambda: _settled(cluster, nodes) and _subscribed(cluster, entry["id"]),
+                   opts.timeout, f"{entry['id']} to route everyone's interest")
     return {"node": entry["id"],
             "forwarding_subscriptions":
                 (cluster.state(entry["id"]).get("routing") or {}).get("forwarding_subscriptions"),
-            "add_node_s": round(ready - start, 2), "routed_after_ready_s": round(routed - ready, 2)}
+            "add_node_s": round(ready - start, 2), "known_after_ready_s": round(known - ready, 2),
+            "routed_after_ready_s": round(routed - ready, 2)}
 
 
 def run_scale(opts: ScaleOptions, say: Callable[[str], None]) -> dict[str, Any]:
@@ -305,7 +318,8 @@ def render_scale(report: dict[str, Any]) -> str:
         lines.append(f"churn: {c['changes_per_s']:,} changes/s for {c['seconds']} s "
                      f"({c['refused']} refused): interest lag p50 {c['lag_p50_ms']} ms, "
                      f"p99 {c['lag_p99_ms']} ms over {c['deltas_applied']:,} applied deltas")
-    lines.append(f"join: {j['node']} added in {j['add_node_s']} s, routing everyone's interest "
-                 f"({j['forwarding_subscriptions']:,} forwarding subscriptions) "
-                 f"{j['routed_after_ready_s']} s after it was ready")
+    lines.append(f"join: {j['node']} added in {j['add_node_s']} s, knowing everyone's interest "
+                 f"{j['known_after_ready_s']} s and routing it "
+                 f"({j['forwarding_subscriptions']:,} forwarding subscriptions, persisted and "
+                 f"SUBACKed) {j['routed_after_ready_s']} s after it was ready")
     return "\n".join(lines)

@@ -26,6 +26,8 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -56,6 +58,7 @@ FORWARD_SESSION_EXPIRY = 3600
 BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
+_ID_AND_OPTIONS = itemgetter(1, 2)  # (subscription id, no local) of a subscribe_many triple
 PACKET_FILTERS = 256
 """Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""
 
@@ -134,7 +137,7 @@ class ForwardClient:
         self._tickets = 0
         self._by_mid: dict[int, int] = {}  # paho mid of a QoS > 0 publish -> its ticket
         self._retry_timer: asyncio.TimerHandle | None = None
-        self._subscribing: dict[int, list[tuple[str, int]]] = {}  # SUBSCRIBE mid -> (filter, id)
+        self._subscribing: dict[int, tuple[list[str], int]] = {}  # SUBSCRIBE mid -> filters, id
         self._sub_waiters: list[tuple[set[int], Callable[[], None]]] = []  # when_subscribed
         self.subscribe_packets = 0  # SUBSCRIBE and UNSUBSCRIBE packets sent
         self._subscribed: dict[str, tuple[int, bool]] = {}  # filter -> id, no local (wanted)
@@ -295,8 +298,15 @@ class ForwardClient:
             self._wake_sub_waiters(mid)
         self._subacked(entries, codes)
 
-    def _subacked(self, entries: list[tuple[str, int]], codes: Sequence[int]) -> None:
-        for i, (filter, subscription_id) in enumerate(entries):
+    def _subacked(self, entries: tuple[list[str], int], codes: Sequence[int]) -> None:
+        filters, subscription_id = entries
+        refusals = self._subscribe_refusals
+        if len(codes) >= len(filters) and (not codes or max(codes) < 0x80):  # all granted
+            if refusals:
+                for filter in filters:
+                    refusals.pop(filter, None)
+            return
+        for i, filter in enumerate(filters):
             code = codes[i] if i < len(codes) else 0x80
             if code < 0x80:
                 self._subscribe_refusals.pop(filter, None)
@@ -380,6 +390,7 @@ class ForwardClient:
                 "unacked": len(self.tracker.unacked),
                 "subscribe_refused": self.subscribe_refused,
                 "subscribe_packets": self.subscribe_packets,
+                "subscribing": len(self._subscribing),
                 "reinject": self.window.status()}
 
     def refused_by_reason(self) -> dict[str, int]:
@@ -433,24 +444,17 @@ class ForwardClient:
         """Subscribe (filter, identifier, no local) triples in order: consecutive ones with the
         same identifier and options share a SUBSCRIBE packet (up to `PACKET_FILTERS`), so each
         copy still carries the identifier of the filter it matched."""
-        run: list[str] = []
-        wanted = (0, False)
-        for i, (filter, sid, no_local) in enumerate(subs):
-            if wanted != (sid, no_local):
-                wanted = (sid, no_local)  # one tuple per run: filters on one id share it
-            self._subscribed[filter] = wanted
-            run.append(filter)
-            following = subs[i + 1] if i + 1 < len(subs) else None
-            if (following is None or following[1:] != (sid, no_local)
-                    or len(run) == PACKET_FILTERS):
-                self._send_subscribe(run, sid, no_local)
-                run = []
+        for wanted, run in groupby(subs, key=_ID_AND_OPTIONS):
+            filters = [filter for filter, _, _ in run]
+            self._subscribed.update(dict.fromkeys(filters, wanted))  # (one tuple per run)
+            for i in range(0, len(filters), PACKET_FILTERS):
+                self._send_subscribe(filters[i:i + PACKET_FILTERS], *wanted)
 
     def _send_subscribe(self, filters: list[str], subscription_id: int, no_local: bool) -> None:
         mid = self._client.subscribe_lean(filters, _OPTIONS[no_local], subscription_id)
         self.subscribe_packets += 1
         if mid is not None:
-            self._subscribing[mid] = [(f, subscription_id) for f in filters]
+            self._subscribing[mid] = (filters, subscription_id)
 
     def unsubscribe(self, filter: str) -> None:
         self.unsubscribe_many([filter])

@@ -27,13 +27,13 @@ import binascii
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecar.local.events import ProtocolError, properties_from_json
 from sidecar.message import MessageProperties
 from sidecar.routing.table import InterestKey
-from sidecar.topics import TopicTrie, matches
+from sidecar.topics import SHARE_PREFIX, TopicTrie, matches
 
 __all__ = [
     "MAX_FILTERS",
@@ -46,6 +46,7 @@ __all__ = [
     "Release",
     "Replay",
     "missed_from_reply",
+    "split_missed",
 ]
 
 MAX_FILTERS = 1000
@@ -153,6 +154,33 @@ def missed_from_reply(fields: Mapping[str, Any]) -> tuple[list[Missed], bool]:
         return out, bool(fields.get("complete", True))
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise ProtocolError(f"malformed catchup reply: {exc!r}") from None
+
+
+def split_missed(asks: Sequence[AskPlugin], missed: Iterable[Missed]) -> list[list[Missed]]:
+    """The answer to one `catchup` command made of several asks' filters in turn, as each
+    ask's own answer: `shared` indexes rebased to the ask's filters, `plain` when one of the
+    ask's plain filters matches the topic at or after its time (the plugin's `plain` says that
+    some plain filter of the command wants it and that no forwarding subscription took it)."""
+    out: list[list[Missed]] = [[] for _ in asks]
+    if len(asks) == 1:
+        out[0] = list(missed)
+        return out
+    plain: TopicTrie[tuple[int, int]] = TopicTrie()  # plain filter -> (ask, since)
+    spans = []
+    start = 0
+    for i, ask in enumerate(asks):
+        spans.append((start, start + len(ask.filters)))
+        start += len(ask.filters)
+        for f, since in ask.filters:
+            if not f.startswith(SHARE_PREFIX):
+                plain.add(f, (i, since), checked=True)
+    for m in missed:
+        wants = {i for i, since in plain.match(m.topic) if m.t_ms >= since} if m.plain else ()
+        for i, (low, high) in enumerate(spans):
+            shared = tuple(j - low for j in m.shared if low <= j < high)
+            if shared or i in wants:
+                out[i].append(replace(m, plain=i in wants, shared=shared))
+    return out
 
 
 @dataclass(frozen=True)
@@ -324,6 +352,10 @@ class CatchUp:
                 del self._held[peer]
             out.append(Release(peer, tuple(released)))
         return out
+
+    def pending(self, request: int) -> bool:
+        """Whether `request` still waits for the plugin's answer (not timed out, not forgotten)."""
+        return request in self._requests
 
     def on_timer(self, now: float) -> list[CatchUpAction]:
         """Requests past their deadline go without the plugin's answer."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sidecar.peering.handshake import CATCH_UP, Accept
 from sidecar.routing.catchup import (
+    MAX_FILTERS,
     AskPlugin,
     CatchUp,
     CatchUpAction,
@@ -23,6 +25,7 @@ from sidecar.routing.catchup import (
     Release,
     Replay,
     missed_from_reply,
+    split_missed,
 )
 from sidecar.routing.forwarder import QueueEnvelope, SendEnvelope
 from sidecar.routing.interest import InterestAction, LocalSubscribe
@@ -36,6 +39,13 @@ if TYPE_CHECKING:
     from sidecar.routing.table import SubscriptionTable
 
 log = logging.getLogger("mqfed.routing")
+
+IN_FLIGHT = 2
+"""`catchup` commands to the plugin at a time. The asks that come meanwhile wait, and go
+together in the next commands (up to `MAX_FILTERS` filters each): under a churn of new
+subscriptions the commands then grow instead of multiplying (one per interest delta was ~100
+a second per peer; each needs a turn of Mosquitto's loop, and with a peer's 100,000 forwarding
+subscriptions held those turns are slow: hundreds timed out)."""
 
 
 class CatchUpWiring:
@@ -61,6 +71,8 @@ class CatchUpWiring:
         self._catchup_peers = set()  # peers that send subscribe times
         self._snapshot_since = {}  # a snapshot's subscribe times, chunks so far
         self._plugin_ring = (0, 0)  # the plugin's ring: entries, bytes (pressure replies)
+        self._asks: deque[AskPlugin] = deque()  # waiting for a command in flight to end
+        self._asking = 0  # catchup commands in flight
         return self.catchup.recent if window > 0 else None
 
     def _note_catch_up(self, peer: str, accept: Accept) -> None:
@@ -98,21 +110,45 @@ class CatchUpWiring:
                                         int(time.time() * 1000), time.monotonic())
         if not asks:
             return None
-        loop = asyncio.get_running_loop()
 
         def ask() -> None:
-            for a in asks:
-                loop.create_task(self._ask_plugin(a))
+            self._asks.extend(asks)
+            self._send_asks()
 
         return lambda: self.forward_client.when_subscribed(ask)
 
-    async def _ask_plugin(self, ask: AskPlugin) -> None:
-        missed, complete = None, False
+    def _send_asks(self) -> None:
+        """Start commands while fewer than `IN_FLIGHT` run, each with as many waiting asks as
+        fit in `MAX_FILTERS` filters (asks that timed out meanwhile are dropped)."""
+        waiting = self._asks
+        while waiting and self._asking < IN_FLIGHT:
+            group: list[AskPlugin] = []
+            size = 0
+            while waiting and (not group or size + len(waiting[0].filters) <= MAX_FILTERS):
+                ask = waiting.popleft()
+                if self.catchup.pending(ask.request):
+                    group.append(ask)
+                    size += len(ask.filters)
+            if group:
+                self._asking += 1
+                asyncio.get_running_loop().create_task(self._ask_plugin(group))
+
+    async def _ask_plugin(self, asks: list[AskPlugin]) -> None:
+        parts: list[list] | None = None
+        complete = False
         try:
-            missed, complete = missed_from_reply(await self.commands.catchup(ask.filters))
+            missed, complete = missed_from_reply(await self.commands.catchup(
+                tuple(f for ask in asks for f in ask.filters)))
+            parts = split_missed(asks, missed)
         except Exception as exc:  # the plugin refused or did not answer: held ones go on
-            log.warning("catch-up failed: %s", exc, extra={"peer": ask.peer})
-        self._run_catch_up(self.catchup.on_reply(ask.request, missed, complete))
+            log.warning("catch-up failed: %s", exc, extra={
+                "peers": sorted({a.peer for a in asks}), "requests": len(asks)})
+        finally:
+            self._asking -= 1
+        for i, ask in enumerate(asks):
+            self._run_catch_up(self.catchup.on_reply(
+                ask.request, None if parts is None else parts[i], complete))
+        self._send_asks()
 
     def _run_catch_up(self, actions: list[CatchUpAction]) -> None:
         wall_ms = int(time.time() * 1000)

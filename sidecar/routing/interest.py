@@ -15,23 +15,34 @@ its own for a wildcard or shared filter; literal plain filters added together sh
 topic matches two literal filters, so a copy's identifier still names exactly one filter.
 
 Every change costs O(changed keys): the union, the trie and the persistence journal
-(`take_journal`, written by an adapter as rows) are updated per key, never rebuilt.
+(`take_journal`, written by an adapter as rows) are updated per key, never rebuilt. Only
+wildcard filters are in the trie: a literal one matches one topic, itself, found in the union
+map by the topic (a joining node's 100,000 literal filters cost no trie nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sidecar.routing.local_interest import InterestDelta, InterestSnapshot, LocalInterest
 from sidecar.routing.shared import RoundRobin
 from sidecar.routing.table import InterestKey
-from sidecar.topics import SHARE_PREFIX, TopicError, TopicTrie, matches, parse_filter
+from sidecar.topics import (
+    SHARE_PREFIX,
+    TopicError,
+    TopicTrie,
+    all_literal,
+    matches,
+    parse_filter,
+)
 
 __all__ = [
     "JOURNAL_ADD",
     "JOURNAL_FREE",
     "JOURNAL_REMOVE",
+    "LEAVE_STEP",
     "LITERAL_GROUP",
     "MAX_SUBSCRIPTION_ID",
     "ForwardDecision",
@@ -147,6 +158,10 @@ class _Peer:
 
 _NO_PEERS: frozenset[str] = frozenset()
 
+LEAVE_STEP = 5000
+"""Keys of a peer that left the membership dropped per step (`remove_peer`,
+`continue_removals`)."""
+
 PEER_SETS = 4096
 """Peer-set transitions remembered (`_PeerSets`); beyond, the memo starts afresh."""
 
@@ -205,9 +220,9 @@ class RemoteInterest:
     `apply_delta` applies it only if its `from_version` is the peer's current version (and
     `to_version` is greater), otherwise it is ignored and a `RequestSnapshot` is returned (once,
     until the next snapshot). Keys that are not valid MQTT filters are skipped and counted in
-    `invalid_keys`. `remove_peer` drops the peer's interest: call it when the peer leaves the
-    membership, NOT when its stream drops — while a peer is unreachable its interest stays, so
-    QoS ≥ 1 messages for it keep flowing into its queue.
+    `invalid_keys`. `remove_peer` drops the peer's interest (in steps: `continue_removals`):
+    call it when the peer leaves the membership, NOT when its stream drops — while a peer is
+    unreachable its interest stays, so QoS ≥ 1 messages for it keep flowing into its queue.
 
     Subscription identifiers: a new identifier is ``1 + the largest in use`` (so identifiers are
     reused once those above them are released); only past `MAX_SUBSCRIPTION_ID` does allocation
@@ -231,13 +246,15 @@ class RemoteInterest:
         self._union: dict[str, _Union] = {}  # verbatim filter -> subscription
         self._singles: dict[int, _Union] = {}  # id -> wildcard or shared subscription
         self._groups: dict[int, int] = {}  # id -> how many literal filters share it
-        self._plain: TopicTrie[_Union] = TopicTrie()  # plain union filters
+        self._wild: TopicTrie[_Union] = TopicTrie()  # plain union filters with wildcards
         self._shared: dict[InterestKey, tuple[str, ...]] = {}  # sorted peers per shared key
         self._peer_sets = _PeerSets()
         self._rr: RoundRobin[str] = RoundRobin(seed)
         self._top_sid = 0
         self._literal_group = max(1, literal_group)
         self._journal: list[JournalOp] | None = [] if journal else None
+        self._leaving: dict[str, tuple[_Peer, list[InterestKey]]] = {}  # keys still to drop
+        self._gone: frozenset[str] = frozenset()  # the peers in `_leaving`
         self.invalid_keys = 0
 
     # ---- updates ---------------------------------------------------------------------------
@@ -249,6 +266,8 @@ class RemoteInterest:
         one. The other keys a chunk adds are subscribed at once: a joining node's 100,000
         filters are then 20 steps of O(chunk), not one step that blocks its loop for seconds
         (the peer holds them in any case: the snapshot is its interest now)."""
+        if peer in self._leaving:  # back before its keys were all dropped: drop them first
+            return self._drop_leaving(peer, None) + self.apply_snapshot(peer, snapshot)
         state = self._peers.setdefault(peer, _Peer())
         if snapshot.chunk == 0:
             state.chunks, state.chunks_version, state.next_chunk = None, snapshot.version, 0
@@ -282,6 +301,8 @@ class RemoteInterest:
     def apply_delta(self, peer: str, delta: InterestDelta) -> list[InterestAction]:
         """Apply the delta if it follows the peer's current version; else ask for a snapshot.
         Costs O(keys in the delta), whatever the interest held."""
+        if peer in self._leaving:
+            return self._drop_leaving(peer, None) + self.apply_delta(peer, delta)
         state = self._peers.get(peer)
         if state is None or state.version is None:
             reason = "delta before any snapshot"
@@ -301,12 +322,30 @@ class RemoteInterest:
         state.awaiting_snapshot = True
         return [RequestSnapshot(peer, state.version, reason)]
 
-    def remove_peer(self, peer: str) -> list[InterestAction]:
-        """Forget the peer and its interest."""
+    def remove_peer(self, peer: str, max_keys: int | None = None) -> list[InterestAction]:
+        """Forget the peer and its interest. It stops counting at once (forward decisions and
+        shared picks pass it over, `peers()` and `holds` leave it out); its keys are dropped
+        (unsubscribed, journaled) `max_keys` at a time, None: all now. Call `continue_removals`
+        until `removing` is False for the rest: a peer holding 100,000 keys is then 20 steps,
+        not one that blocks the loop for seconds."""
+        actions = self._drop_leaving(peer, None)  # (removed again before its keys were gone)
         state = self._peers.pop(peer, None)
         if state is None:
-            return []
-        return self._change(peer, state, set(), set(state.keys))
+            return actions
+        self._leaving[peer] = (state, list(state.keys))
+        self._gone = frozenset(self._leaving)
+        return actions + self._drop_leaving(peer, max_keys)
+
+    @property
+    def removing(self) -> bool:
+        """Keys of peers that left are still to be dropped (`continue_removals`)."""
+        return bool(self._leaving)
+
+    def continue_removals(self, max_keys: int = LEAVE_STEP) -> list[InterestAction]:
+        """Drop up to `max_keys` more keys of the peers that left (O(max_keys))."""
+        for peer in self._leaving:
+            return self._drop_leaving(peer, max_keys)
+        return []
 
     def take_journal(self) -> list[JournalOp]:
         """The changes recorded since the last call (empty without `journal`)."""
@@ -379,13 +418,13 @@ class RemoteInterest:
     def peers_for(self, topic: str) -> set[str]:
         """Peers with plain (non-shared) interest matching the topic."""
         result: set[str] = set()
-        for sub in self._plain.match(topic):
+        for sub in self._plain_matching(topic):
             result |= sub.peers
-        return result
+        return result - self._gone if self._gone else result
 
     def shared_peers(self, group: str, filter: str) -> set[str]:
         """Peers with members of ``$share/<group>/<filter>``."""
-        return set(self._shared.get(InterestKey(group, filter), ()))
+        return set(self._shared.get(InterestKey(group, filter), ())) - self._gone
 
     def local_subscriptions(self) -> dict[str, int]:
         """The local forwarding subscriptions: verbatim filter -> subscription identifier."""
@@ -443,7 +482,7 @@ class RemoteInterest:
                 shared.append(SharedDelivery(peer, key.group, key.filter))
         peers: frozenset[str] = frozenset()
         if plain_min:
-            matching = self._plain.match(topic)
+            matching = self._plain_matching(topic)
             if plain_min == min(u.sid for u in matching):
                 if len(matching) == 1:
                     peers = next(iter(matching)).peers  # (shared, immutable)
@@ -452,16 +491,48 @@ class RemoteInterest:
                     for sub in matching:
                         targets |= sub.peers
                     peers = frozenset(targets)
+            if self._gone and peers:  # (peers that left, their keys not all dropped yet)
+                peers = peers - self._gone
         if not peers and not shared and not unroutable:
             return _NOTHING
         return ForwardDecision(peers, tuple(shared), tuple(unroutable))
 
     # ---- internals -------------------------------------------------------------------------
 
+    def _plain_matching(self, topic: str) -> set[_Union]:
+        """The plain union filters matching `topic`: the wildcard ones from the trie, and the
+        literal one equal to the topic (a dict lookup: literal filters are not in the trie)."""
+        matching = self._wild.match(topic)
+        literal = self._union.get(topic)
+        if literal is not None and literal.key.group is None:
+            matching.add(literal)
+        return matching
+
+    def _drop_leaving(self, peer: str, max_keys: int | None) -> list[InterestAction]:
+        """Drop up to `max_keys` (None: all) of the keys left of a peer that left."""
+        leaving = self._leaving.get(peer)
+        if leaving is None:
+            return []
+        state, pending = leaving
+        count = len(pending) if max_keys is None else max(1, max_keys)
+        part = set(pending[-count:])
+        del pending[-count:]
+        if not pending:
+            del self._leaving[peer]
+            self._gone = frozenset(self._leaving)
+        return self._change(peer, state, set(), part)
+
     def _valid(self, keys: Iterable[InterestKey],
                into: set[InterestKey] | None = None) -> set[InterestKey]:
-        """The keys that are valid filters (added to `into` if given, and it returned)."""
+        """The keys that are valid filters (added to `into` if given, and it returned). Keys
+        that are all plain literal filters (a bulk of device topics) are checked in one pass."""
         result = set() if into is None else into
+        if not isinstance(keys, (set, frozenset)):
+            keys = list(keys)
+        filters = [key.filter for key in keys if key.group is None]
+        if len(filters) == len(keys) and all_literal(filters):
+            result.update(keys)
+            return result
         for key in keys:
             try:
                 group, inner = parse_filter(key.verbatim)
@@ -507,16 +578,26 @@ class RemoteInterest:
                 journal.append((JOURNAL_ADD, peer, key.verbatim, sub.sid))
             if key.group is not None:
                 self._set_shared(key, sub.peers)
-        new_literal.sort(key=_order)
+        if not new_literal and not new_other:
+            return actions
+        new_literal.sort(key=_filter_of)  # (all plain: ordered by filter, as `_order`)
         new_other.sort(key=_order)
-        sid = 0
         alone = self._peer_sets.with_(_NO_PEERS, peer)
-        literals = len(new_literal)
-        for i, key in enumerate(new_literal + new_other):
-            if i >= literals or i % self._literal_group == 0:
-                sid = self._allocate()
+        size = self._literal_group
+        for start in range(0, len(new_literal), size):  # per identifier, O(1) for the group
+            group = new_literal[start:start + size]
+            sid = self._allocate()
+            self._groups[sid] = len(group)
+            for key in group:
+                verbatim = key.filter  # (plain: the verbatim filter)
+                union[verbatim] = _Union(verbatim, key, sid, alone)
+                actions.append(LocalSubscribe(verbatim, sid))
+            if journal is not None:
+                journal.extend([(JOURNAL_ADD, peer, key.filter, sid) for key in group])
+        for key in new_other:
+            sid = self._allocate()
             verbatim = key.verbatim
-            self._add_union(verbatim, key, sid, alone, i < literals)
+            self._add_union(verbatim, key, sid, alone, False)
             if journal is not None:
                 journal.append((JOURNAL_ADD, peer, verbatim, sid))
             if key.group is not None:
@@ -529,10 +610,10 @@ class RemoteInterest:
         sub = self._union[verbatim] = _Union(verbatim, key, sid, peers)
         if _literal(key) if literal is None else literal:
             self._groups[sid] = self._groups.get(sid, 0) + 1
-        else:
-            self._singles[sid] = sub
+            return sub  # (found by the topic in `_union`: no trie node of its own)
+        self._singles[sid] = sub
         if key.group is None:
-            self._plain.add(verbatim, sub, checked=True)  # (keys are checked on the way in)
+            self._wild.add(verbatim, sub, checked=True)  # (keys are checked on the way in)
         return sub
 
     def _drop_union(self, sub: _Union) -> None:
@@ -546,8 +627,8 @@ class RemoteInterest:
                 del self._groups[sid]
         else:
             del self._singles[sid]
-        if sub.key.group is None:
-            self._plain.remove(sub.verbatim, sub)
+            if sub.key.group is None:
+                self._wild.remove(sub.verbatim, sub)
         if sid == self._top_sid:  # amortized O(1): each step passes an id released once
             while self._top_sid and not self._in_use(self._top_sid):
                 self._top_sid -= 1
@@ -573,6 +654,8 @@ class RemoteInterest:
 
     def _pick(self, key: InterestKey, down: Collection[str]) -> str | None:
         holders = self._shared.get(key)
+        if holders and self._gone:
+            holders = tuple(p for p in holders if p not in self._gone)
         if not holders:
             return None
         if down:
@@ -583,3 +666,6 @@ class RemoteInterest:
 
 def _order(key: InterestKey) -> tuple[str, str]:
     return (key.group or "", key.filter)
+
+
+_filter_of = attrgetter("filter")

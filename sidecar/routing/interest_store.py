@@ -19,6 +19,8 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 from sidecar.routing.interest import JOURNAL_ADD, JOURNAL_FREE, JOURNAL_REMOVE, JournalOp
@@ -56,29 +58,27 @@ class SqliteInterestStore:
         return self._db.execute("SELECT 1 FROM sids LIMIT 1").fetchone() is None
 
     def write(self, ops: list[JournalOp]) -> int:
-        """Apply journal ops in one transaction; returns the rows they changed."""
-        held: dict[tuple[str, str], bool] = {}  # (peer, filter) -> held after the batch
-        sids: dict[str, int] = {}  # filter -> its id after the batch, 0: released
-        for kind, peer, filter, sid in ops:  # in order: the last op on a row wins
-            if kind == JOURNAL_ADD:
-                held[peer, filter] = True
-                sids[filter] = sid
-            elif kind == JOURNAL_REMOVE:
-                held[peer, filter] = False
-            elif kind == JOURNAL_FREE:
-                sids[filter] = 0
-        add = [row for row, on in held.items() if on]
-        remove = [row for row, on in held.items() if not on]
-        sid = [(f, s) for f, s in sids.items() if s]
-        free = [(f,) for f, s in sids.items() if not s]
-        before = self._db.total_changes
+        """Apply journal ops in one transaction, in order (so the last op on a row wins), as
+        runs of one kind: a snapshot's 100,000 additions are two statements' worth of rows,
+        with no per-row bookkeeping in Python (this thread holds the GIL the loop needs).
+        Returns the rows they changed."""
         db = self._db
+        before = db.total_changes
         db.execute("BEGIN")
         try:
-            db.executemany("DELETE FROM interest WHERE peer = ? AND filter = ?", remove)
-            db.executemany("DELETE FROM sids WHERE filter = ?", free)
-            db.executemany("INSERT OR IGNORE INTO interest VALUES (?, ?)", add)
-            db.executemany("INSERT OR REPLACE INTO sids VALUES (?, ?)", sid)
+            for kind, run in groupby(ops, key=itemgetter(0)):
+                if kind == JOURNAL_ADD:
+                    rows = list(run)
+                    db.executemany("INSERT OR IGNORE INTO interest VALUES (?, ?)",
+                                   [(peer, filter) for _, peer, filter, _ in rows])
+                    db.executemany("INSERT OR REPLACE INTO sids VALUES (?, ?)",
+                                   [(filter, sid) for _, _, filter, sid in rows])
+                elif kind == JOURNAL_REMOVE:
+                    db.executemany("DELETE FROM interest WHERE peer = ? AND filter = ?",
+                                   [(peer, filter) for _, peer, filter, _ in run])
+                elif kind == JOURNAL_FREE:
+                    db.executemany("DELETE FROM sids WHERE filter = ?",
+                                   [(filter,) for _, _, filter, _ in run])
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")

@@ -58,6 +58,7 @@ from sidecar.routing.forwarder import (
     Unroutable,
 )
 from sidecar.routing.interest import (
+    LEAVE_STEP,
     InterestAction,
     LocalInterest,
     LocalSubscribe,
@@ -151,6 +152,7 @@ class RoutingService(CatchUpWiring):
         self._interest_due = False
         self._interest_sent_at = 0.0
         self._chunked: set[str] = set()  # peers that take chunked snapshots and send acks
+        self._removals_due = False  # a step of dropping departed peers' interest is scheduled
         self.remote = RemoteInterest(journal=True)
         self.clock = HybridClock()
         recent = self._init_catch_up(catchup_window, catchup_margin, catchup_bytes)
@@ -274,7 +276,8 @@ class RoutingService(CatchUpWiring):
         """The membership view: node id -> gRPC address of every other node."""
         peers = {p: a for p, a in peers.items() if p != self.node_id}
         for peer in (set(self.queues) | self.remote.peers()) - set(peers):
-            self._run_interest(self.remote.remove_peer(peer))
+            self._run_interest(self.remote.remove_peer(peer, LEAVE_STEP))
+            self._schedule_removals()
             self._ack_local(self.forwarder.on_peer_removed(peer))
             self.retained.on_peer_down(peer)
             if self.sessions is not None:
@@ -295,6 +298,19 @@ class RoutingService(CatchUpWiring):
                 self._offered_at[peer] = {}
                 self.lag.track(peer)
         self.transport.set_peers(peers)
+
+    def _schedule_removals(self) -> None:
+        """The interest of peers that left goes `LEAVE_STEP` keys per loop turn (100,000 keys
+        in one step blocked the loop for seconds)."""
+        if self._removals_due or not self.remote.removing:
+            return
+        self._removals_due = True
+        asyncio.get_running_loop().call_soon(self._continue_removals)
+
+    def _continue_removals(self) -> None:
+        self._removals_due = False
+        self._run_interest(self.remote.continue_removals())
+        self._schedule_removals()
 
     # ---- local interest → peers ----------------------------------------------------------
     def on_interest_changes(self, changes: list[InterestChange]) -> None:

@@ -65,3 +65,11 @@ def test_lean_suback_codes_are_read_per_filter():
     fc._on_suback_codes(1, b"\x87")  # a code missing: refused (0x80)
     fc._on_suback_codes(1, b"\x02\x02")  # answered already: ignored
     assert refused == [("a", 1, 0x87), ("b", 1, 0x80)]
+
+
+def test_a_granted_suback_clears_the_filters_earlier_refusals():
+    fc, rec = _client()
+    fc._subscribe_refusals.update({"a": 2, "z": 1})  # (refused before, asked again)
+    fc.subscribe_many([("a", 1, True), ("b", 1, True)])
+    fc._on_suback_codes(1, b"\x02\x02")
+    assert fc._subscribe_refusals == {"z": 1} and fc.subscribing == 0

@@ -14,12 +14,14 @@ from sidecar.message import MessageProperties
 from sidecar.peering import envelopes as peer_frames
 from sidecar.routing.catchup import (
     MAX_FILTERS,
+    AskPlugin,
     CatchUp,
     Missed,
     RecentCopies,
     Release,
     Replay,
     missed_from_reply,
+    split_missed,
 )
 from sidecar.routing.forwarder import AckLocal, Forwarder, LocalCopy, QueueEnvelope, SendEnvelope
 from sidecar.routing.interest import InterestSnapshot, LocalInterest, RemoteInterest
@@ -239,3 +241,20 @@ def test_table_reports_when_a_key_was_first_subscribed():
     (added,) = table.apply(Subscribe("e", 5, 4244, "shadow", "b/1", 1))
     assert added.at_ms is None  # the sidecar acting as a client: not a new subscription
     assert table.holds(A) and not table.holds(G)
+
+
+def test_one_command_for_several_asks_is_answered_per_ask():
+    """Asks waiting together go as one `catchup` command; its answer is split back: shared
+    indexes rebased, `plain` for the asks whose plain filters match at or after their time."""
+    a = AskPlugin(1, "p1", (("a/+", 100), ("$share/g/x", 100)))
+    b = AskPlugin(2, "p2", (("a/b", 200), ("$share/h/y", 50), ("#", 300)))
+    props = MessageProperties()
+    early = Missed(150, "a/b", b"1", 1, props, True)  # a/+ since 100 wants it, a/b since 200 not
+    late = Missed(250, "a/b", b"2", 1, props, True)  # both
+    group = Missed(60, "y", b"3", 0, props, False, (3,))  # b's "$share/h/y"
+    both = Missed(400, "x", b"4", 0, props, True, (1,))  # a's group, b's "#"
+    taken = Missed(500, "a/c", b"5", 0, props, False)  # (a forwarding subscription took it)
+    for_a, for_b = split_missed([a, b], [early, late, group, both, taken])
+    assert for_a == [early, late, replace(both, plain=False, shared=(1,))]
+    assert for_b == [late, replace(group, shared=(1,)), replace(both, shared=())]
+    assert split_missed([a], [early, taken]) == [[early, taken]]  # one ask: as answered

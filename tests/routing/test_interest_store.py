@@ -78,6 +78,21 @@ def test_a_batch_keeps_the_last_op_per_row(tmp_path):
     assert store.load() == {"peers": {"p1": ["b"]}, "sids": {"b": ri.local_subscriptions()["b"]}}
 
 
+def test_a_batch_is_written_in_order_as_runs_of_one_kind(tmp_path):
+    """Ops go in order (runs of one kind, one statement each): a row added, removed and added
+    again in one batch is held, one removed last is not, whatever the runs in between."""
+    from sidecar.routing.interest import JOURNAL_ADD, JOURNAL_FREE, JOURNAL_REMOVE
+
+    store = SqliteInterestStore(tmp_path / "s.sqlite")
+    ops = [(JOURNAL_ADD, "p1", "a", 1), (JOURNAL_ADD, "p1", "b", 1),
+           (JOURNAL_REMOVE, "p1", "a", 0), (JOURNAL_FREE, "", "a", 1),
+           (JOURNAL_ADD, "p1", "a", 2), (JOURNAL_REMOVE, "p1", "b", 0),
+           (JOURNAL_FREE, "", "b", 1), (JOURNAL_ADD, "p2", "c", 3)]
+    store.write(ops)
+    assert store.load() == {"peers": {"p1": ["a"], "p2": ["c"]}, "sids": {"a": 2, "c": 3}}
+    store.close()
+
+
 def test_an_old_json_state_is_moved_into_the_store(tmp_path):
     legacy = tmp_path / "routing-state.json"
     legacy.write_text(json.dumps({"peers": {"n2": ["a/#"]}, "sids": {"a/#": 7}}))

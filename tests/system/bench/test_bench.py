@@ -111,6 +111,7 @@ def test_scale_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -
     assert churn["refused"] == 0 and churn["deltas_applied"] > 0
     assert 0 <= churn["lag_p50_ms"] <= churn["lag_p99_ms"]
     assert join["node"] == "n4" and join["forwarding_subscriptions"] >= 3000
+    assert 0 <= join["known_after_ready_s"] <= join["routed_after_ready_s"]  # (then SUBACKed)
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
 
 
