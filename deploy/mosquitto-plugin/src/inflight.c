@@ -525,8 +525,9 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 		}
 	}
 	if(!same) end = e->head;
-	for(;;){
+	for(bool last = false; !last;){
 		k = e->head;
+		last = k == end;
 		e->head = k->next;
 		if(e->head == NULL) e->tail = NULL;
 		e->count--;
@@ -536,7 +537,6 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 			else n_new_id++;
 		}
 		free_kept(k);
-		if(k == end) break;
 	}
 }
 
