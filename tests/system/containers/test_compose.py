@@ -46,7 +46,7 @@ def _front_status(port: int) -> dict[str, str]:
 
 
 @pytest.fixture
-def compose_project(engine, images):
+def compose_project(engine, images, request):
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose is not installed (`make install` installs Debian's)"
     ports = _free_ports(9)
@@ -71,11 +71,14 @@ def compose_project(engine, images):
             assert result.returncode == 0, f"docker-compose {args}:\n{result.stderr}"
         return result
 
+    failed_before = request.session.testsfailed
     try:
         COMPOSE_PROJECTS.append(project)
         run("up", "-d")
         yield {"front": ports[0], "stats": ports[1],
                "metrics": [ports[3], ports[5], ports[7]], "prometheus": ports[8], "run": run}
+        if request.session.testsfailed > failed_before:  # what the nodes said, to diagnose
+            print(run("logs", "--no-color", "--tail", "400", check=False).stdout)
     except BaseException:
         print(run("logs", "--no-color", "--tail", "60", check=False).stdout)
         raise
