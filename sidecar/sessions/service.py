@@ -610,12 +610,13 @@ class SessionService:
     async def _release(self, client: str, messages: list[Unreleased]) -> None:
         """Send them to the client here under their own packet ids (plugin `release`); one that
         cannot go is lost, as before this existed (logged)."""
-        good = [u for u in messages if problem(u) is None]
-        if len(good) < len(messages):
-            self.counters["unreleased_refused"] += len(messages) - len(good)
+        checked = [(u, problem(u)) for u in messages]
+        good = [u for u, p in checked if p is None]
+        problems = [p for _, p in checked if p is not None]
+        if problems:
+            self.counters["unreleased_refused"] += len(problems)
             log.warning("a peer sent unreleased QoS 2 messages that cannot be released: %s",
-                        next(problem(u) for u in messages if problem(u)),
-                        extra={"client": client})
+                        problems[0], extra={"client": client})
         if not good:
             return
         try:

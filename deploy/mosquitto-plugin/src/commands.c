@@ -302,34 +302,19 @@ static void cmd_resume(const struct request *rq, const cJSON *req)
  * (`c`: its model entry, NULL for the forwarding connection); NULL, or the error code. */
 static const char *deliver_item(const char *client, struct client *c, const cJSON *item)
 {
-	const char *topic = get_str(item, "topic");
-	const char *payload = get_str(item, "payload");
-	uint64_t qos;
-	unsigned char *buf = NULL;
-	size_t len = 0;
-	mosquitto_property *props = NULL;
+	struct json_message m;
 	int rc;
 
-	if(!cJSON_IsObject(item) || topic == NULL || payload == NULL || !get_uint(item, "qos", &qos)
-			|| qos > 2 || mosquitto_pub_topic_check(topic) != MOSQ_ERR_SUCCESS){
-		return "bad_request";
-	}
-	if(b64_decode(payload, &buf, &len) || len > INT32_MAX){
-		free(buf);
-		return "bad_request";
-	}
-	if(properties_from_json(cJSON_GetObjectItemCaseSensitive(item, "properties"), &props)){
-		free(buf);
-		return "bad_request";
-	}
-	rc = mosquitto_broker_publish_copy(client, topic, (int)len, buf, (int)qos, false, props);
-	free(buf);
-	if(qos > 0) inflight_note_targeted(); /* it takes a packet id before a release would */
+	if(message_from_json(item, &m)) return "bad_request";
+	rc = mosquitto_broker_publish_copy(client, m.topic, (int)m.len, m.payload, m.qos, false,
+			m.props);
+	free(m.payload);
+	if(m.qos > 0) inflight_note_targeted(); /* it takes a packet id before a release would */
 	if(rc != MOSQ_ERR_SUCCESS){
-		mosquitto_property_free_all(&props);
+		mosquitto_property_free_all(&m.props);
 		return "internal";
 	}
-	if(c != NULL && !model_client_online(c) && qos > 0){
+	if(c != NULL && !model_client_online(c) && m.qos > 0){
 		model_note_queued(client); /* held by its offline session: `queued` counts it */
 	}
 	return NULL;

@@ -353,34 +353,38 @@ void inflight_forget_ids(const char *id, const cJSON *mids)
 	if(e->head == NULL) remove_entry(&captured, e);
 }
 
-/* Moves `from`'s messages to the end of `to` (marked `owed`). */
-static void move_all(struct entry **from_table, struct entry *from, struct entry *to)
+/* Moves what waits in `releasing` for a client not connected here to `captured`, marked owed
+ * (kept for its next connect here or the next node's drain); false if out of memory. */
+static bool keep_owed(struct entry *pending)
 {
+	struct entry *owed = entry_for(&captured, pending->id);
 	struct kept *k;
 
-	while((k = from->head) != NULL){
-		from->head = k->next;
-		from->count--;
-		from->bytes -= k->len;
+	if(owed == NULL) return false;
+	while((k = pending->head) != NULL){
+		pending->head = k->next;
+		pending->count--;
+		pending->bytes -= k->len;
 		k->next = NULL;
 		k->owed = true;
-		append(to, k);
+		append(owed, k);
 		total_bytes += k->len;
 	}
-	from->tail = NULL;
-	remove_entry(from_table, from);
+	pending->tail = NULL;
+	remove_entry(&releasing, pending);
+	return true;
 }
 
 cJSON *inflight_unreleased_json(const char *id, bool live_here)
 {
 	cJSON *arr = cJSON_CreateArray();
-	struct entry *e, *pending, *owed;
+	struct entry *e, *pending;
 	struct kept *k;
 
 	if(arr == NULL || id == NULL) return arr;
 	HASH_FIND_STR(releasing, id, pending);
-	if(pending && !live_here && (owed = entry_for(&captured, id)) != NULL){
-		move_all(&releasing, pending, owed); /* the tick would keep them so: a drain asks now */
+	if(pending && !live_here){
+		keep_owed(pending); /* as the tick would: a drain asks now */
 	}
 	HASH_FIND_STR(captured, id, e);
 	for(k = e ? e->head : NULL; k; k = k->next){
@@ -409,52 +413,48 @@ cJSON *inflight_unreleased_json(const char *id, bool live_here)
 const char *inflight_release(const char *client, const cJSON *messages)
 {
 	const cJSON *item;
-	struct entry *e;
+	const char *error = NULL;
+	struct entry parsed = {0}, *e = NULL;
+	struct kept *k;
 
 	if(client == NULL || !cJSON_IsArray(messages) || cJSON_GetArraySize(messages) > KEEP_MAX){
 		return "bad_request";
 	}
-	cJSON_ArrayForEach(item, messages){
+	cJSON_ArrayForEach(item, messages){ /* all or nothing: each is parsed before any is kept */
 		const cJSON *mid = cJSON_GetObjectItemCaseSensitive(item, "mid");
-		const cJSON *qos = cJSON_GetObjectItemCaseSensitive(item, "qos");
-		const cJSON *topic = cJSON_GetObjectItemCaseSensitive(item, "topic");
-		const cJSON *payload = cJSON_GetObjectItemCaseSensitive(item, "payload");
-		if(!cJSON_IsNumber(mid) || mid->valuedouble < 1 || mid->valuedouble > 65535
-				|| !cJSON_IsNumber(qos) || qos->valuedouble < 1 || qos->valuedouble > 2
-				|| !cJSON_IsString(topic) || !cJSON_IsString(payload)
-				|| mosquitto_pub_topic_check(topic->valuestring) != MOSQ_ERR_SUCCESS){
-			return "bad_request";
-		}
-	}
-	e = entry_for(&releasing, client);
-	if(e == NULL) return "internal";
-	cJSON_ArrayForEach(item, messages){
-		unsigned char *buf = NULL;
-		size_t len = 0;
-		mosquitto_property *props = NULL;
-		struct kept *k;
+		struct json_message m;
 
-		if(b64_decode(cJSON_GetObjectItemCaseSensitive(item, "payload")->valuestring, &buf, &len)
-				|| len > KEEP_BYTES || properties_from_json(
-					cJSON_GetObjectItemCaseSensitive(item, "properties"), &props)){
-			free(buf);
-			if(e->head == NULL) remove_entry(&releasing, e);
-			return "bad_request";
+		if(!cJSON_IsNumber(mid) || mid->valuedouble < 1 || mid->valuedouble > 65535
+				|| message_from_json(item, &m)){
+			error = "bad_request";
+			break;
 		}
-		k = new_kept((uint16_t)cJSON_GetObjectItemCaseSensitive(item, "mid")->valuedouble,
-				(uint8_t)cJSON_GetObjectItemCaseSensitive(item, "qos")->valuedouble,
-				cJSON_GetObjectItemCaseSensitive(item, "topic")->valuestring, buf,
-				(uint32_t)len, props);
-		free(buf);
+		if(m.qos < 1 || m.len > KEEP_BYTES){
+			free(m.payload);
+			mosquitto_property_free_all(&m.props);
+			error = "bad_request";
+			break;
+		}
+		k = new_kept((uint16_t)mid->valuedouble, (uint8_t)m.qos, m.topic, m.payload,
+				(uint32_t)m.len, m.props);
+		free(m.payload);
 		if(k == NULL){
-			mosquitto_property_free_all(&props);
-			if(e->head == NULL) remove_entry(&releasing, e);
-			return "internal";
+			mosquitto_property_free_all(&m.props);
+			error = "internal";
+			break;
 		}
-		append(e, k);
+		append(&parsed, k);
 	}
-	if(e->head == NULL) remove_entry(&releasing, e);
-	return NULL;
+	if(error == NULL && parsed.head != NULL && (e = entry_for(&releasing, client)) == NULL){
+		error = "internal";
+	}
+	while((k = parsed.head) != NULL){
+		parsed.head = k->next;
+		k->next = NULL;
+		if(error) free_kept(k);
+		else append(e, k);
+	}
+	return error;
 }
 
 void inflight_note_targeted(void)
@@ -542,7 +542,7 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 
 void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session))
 {
-	struct entry *e, *tmp, *owed;
+	struct entry *e, *tmp;
 	bool has_session;
 
 	if(targeted){ /* queued before ours at the next iteration: they would take the ids */
@@ -555,10 +555,7 @@ void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_sess
 		if(conn != NULL){
 			release_head(e, conn);
 			if(e->head == NULL) remove_entry(&releasing, e);
-		}else if(has_session && (owed = entry_for(&captured, e->id)) != NULL){
-			/* offline here: kept for its next connect here, or for the next node's drain */
-			move_all(&releasing, e, owed);
-		}else{
+		}else if(!has_session || !keep_owed(e)){
 			n_dropped += e->count;
 			remove_entry(&releasing, e);
 		}
@@ -567,35 +564,25 @@ void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_sess
 
 void inflight_on_client_connect(const char *id, bool session_present)
 {
-	struct entry *e, *to;
-	struct kept *k, *next, *own = NULL;
+	struct entry *e, *to = NULL;
+	struct kept *k;
 
 	if(id == NULL) return;
 	HASH_FIND_STR(captured, id, e);
 	if(e == NULL) return;
-	if(session_present && (to = entry_for(&releasing, id)) != NULL){
-		/* Mosquitto resends the PUBRELs of its own; the owed ones are released at the tick */
-		for(k = e->head; k; k = next){
-			next = k->next;
-			k->next = NULL;
-			if(k->owed){
-				append(to, k);
-			}else{
-				k->next = own;
-				own = k;
-			}
-		}
-		total_bytes -= e->bytes;
-		e->head = e->tail = NULL;
-		e->count = 0;
-		e->bytes = 0;
-		for(k = own; k; k = next){
-			next = k->next;
-			free_kept(k);
-		}
-		if(to->head == NULL) remove_entry(&releasing, to);
+	if(session_present) to = entry_for(&releasing, id);
+	/* Mosquitto resends the PUBRELs of its own; the owed ones are released at the tick */
+	while(to != NULL && (k = e->head) != NULL){
+		e->head = k->next;
+		e->count--;
+		e->bytes -= k->len;
+		total_bytes -= k->len;
+		k->next = NULL;
+		if(k->owed) append(to, k);
+		else free_kept(k);
 	}
-	remove_entry(&captured, e);
+	if(to != NULL && to->head == NULL) remove_entry(&releasing, to);
+	remove_entry(&captured, e); /* the rest: a new session, or out of memory */
 }
 
 void inflight_stats(cJSON *o)

@@ -723,7 +723,6 @@ static void emit_heartbeat(void)
 static struct mosquitto *live_conn(const char *id, bool *has_session)
 {
 	struct client *c = model_find(id);
-
 	struct mosquitto *conn = c != NULL && model_client_online(c) ? model_client_conn(c) : NULL;
 
 	*has_session = c != NULL;

@@ -372,3 +372,28 @@ bad:
 	mosquitto_property_free_all(props);
 	return -1;
 }
+
+int message_from_json(const cJSON *item, struct json_message *m)
+{
+	const cJSON *topic = cJSON_GetObjectItemCaseSensitive(item, "topic");
+	const cJSON *payload = cJSON_GetObjectItemCaseSensitive(item, "payload");
+	const cJSON *qos = cJSON_GetObjectItemCaseSensitive(item, "qos");
+
+	memset(m, 0, sizeof(*m));
+	if(!cJSON_IsObject(item) || !cJSON_IsString(topic) || !cJSON_IsString(payload)
+			|| !cJSON_IsNumber(qos) || (qos->valuedouble != 0 && qos->valuedouble != 1
+				&& qos->valuedouble != 2)
+			|| mosquitto_pub_topic_check(topic->valuestring) != MOSQ_ERR_SUCCESS){
+		return -1;
+	}
+	m->topic = topic->valuestring;
+	m->qos = (int)qos->valuedouble;
+	if(b64_decode(payload->valuestring, &m->payload, &m->len) || m->len > INT32_MAX
+			|| properties_from_json(cJSON_GetObjectItemCaseSensitive(item, "properties"),
+				&m->props)){
+		free(m->payload);
+		m->payload = NULL;
+		return -1;
+	}
+	return 0;
+}

@@ -48,4 +48,15 @@ cJSON *properties_to_json(const mosquitto_property *props);
 size_t properties_size(const mosquitto_property *props);
 int properties_from_json(const cJSON *j, mosquitto_property **props);
 
+/* A message object of the protocol: `topic` (valid for PUBLISH), `payload` (base64), `qos`
+ * (0-2), optional `properties`. */
+struct json_message {
+	const char *topic;             /* in the JSON */
+	unsigned char *payload;        /* the caller frees it */
+	size_t len;
+	int qos;
+	mosquitto_property *props;     /* the caller frees or hands them on */
+};
+int message_from_json(const cJSON *item, struct json_message *m);
+
 #endif

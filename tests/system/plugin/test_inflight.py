@@ -131,6 +131,21 @@ def test_a_client_offline_here_keeps_them_for_its_resume_or_the_next_node(
     assert sidecar.call("unreleased", client="away")["messages"] == []
 
 
+def test_a_release_with_one_bad_message_keeps_none(broker, sidecar, clients):
+    away = _raw(clients, broker, "half", session_expiry=300)
+    away.subscribe("inf/h", 2)
+    away.disconnect()
+    sidecar.wait_type("disconnect", client="half")
+    bad = {**_item(902, "inf/h", b"b"), "payload": "%%%"}
+    rep = sidecar.call("release", client="half", messages=[_item(901, "inf/h", b"a"), bad])
+    assert rep["ok"] is False and rep["error"] == "bad_request", rep
+    time.sleep(0.3)  # a tick would have kept an accepted one for the offline session
+    assert sidecar.call("unreleased", client="half")["messages"] == []
+    assert sidecar.call("release", client="half", messages=[_item(901, "inf/h", b"a")])["ok"]
+    wait_for(lambda: len(sidecar.call("unreleased", client="half")["messages"]) == 1, 5,
+             "the good one kept")
+
+
 def test_release_refuses_bad_messages(broker, sidecar):
     good = {"mid": 1, "topic": "a", "payload": "", "qos": 2}
     for bad in ({"client": "x"}, {"messages": [good]}, {"client": "x", "messages": {}},
