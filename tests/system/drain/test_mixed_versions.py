@@ -37,12 +37,6 @@ def old_tree() -> Iterator[Path]:
         yield tree
 
 
-@pytest.fixture
-def mixed(request: pytest.FixtureRequest) -> Iterator[MixedCluster]:
-    with versions.mixed_cluster(request) as cluster:
-        yield cluster
-
-
 def _retained(port: int, topic: str, timeout: float = 10.0) -> bytes | None:
     """The retained message a new subscriber on `port` gets for `topic`."""
     probe = connect(port)

@@ -19,7 +19,6 @@ import pytest
 from tests.system.cluster.conftest import REPO, mqfed
 from tests.system.drain import versions
 from tests.system.drain.traffic import under_traffic
-from tests.system.drain.versions import MixedCluster
 
 DRAIN_COMMIT = os.environ.get("MQFED_DRAIN_COMMIT", "c2b5853")
 """An earlier version with the drain (peer protocol 1.3): the tree of the last stop that
@@ -32,13 +31,8 @@ def drain_tree() -> Iterator[Path]:
         yield tree
 
 
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[MixedCluster]:
-    with versions.mixed_cluster(request) as mixed:
-        yield mixed
-
-
-def test_upgrade_node_by_node_with_drain_loses_nothing(cluster, drain_tree, tmp_path):
+def test_upgrade_node_by_node_with_drain_loses_nothing(mixed, drain_tree, tmp_path):
+    cluster = mixed
     cluster.start_etcd()
     for ident in ("n1", "n2", "n3"):
         cluster.start_node(ident, drain_tree)
