@@ -575,11 +575,15 @@ def _jsonable(value: Any) -> Any:
 
 
 def deliver_item(topic: str, payload: bytes, qos: int,
-                 properties: MessageProperties | None = None) -> dict[str, Any]:
-    """One message of a `deliver_batch` command's `messages`."""
+                 properties: MessageProperties | None = None,
+                 subscription_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """One message of a `deliver_batch` command's `messages`; `subscription_ids`: the
+    Subscription Identifiers it goes to its client with."""
     item: dict[str, Any] = {"topic": topic, "payload": _b64_text(payload), "qos": qos}
     if properties is not None:
         item["properties"] = properties_to_json(properties)
+    if subscription_ids:
+        item["subscription_ids"] = list(subscription_ids)
     return item
 
 

@@ -50,6 +50,8 @@ class Envelope:
     properties: MessageProperties = MessageProperties()
     shared_group: str | None = None
     shared_filter: str = ""
+    subscription_ids: tuple[int, ...] = ()
+    """A session backlog's copy only: the Subscription Identifiers it was queued with."""
 
 
 @dataclass(frozen=True)

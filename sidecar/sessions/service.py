@@ -544,7 +544,8 @@ class SessionService:
 
         def envelope(m: Any) -> Envelope:
             return Envelope(self.node_id, self.incarnation, next(self._seq), hlc, m.topic,
-                            m.payload, m.qos, False, m.properties)
+                            m.payload, m.qos, False, m.properties,
+                            subscription_ids=m.subscription_ids)
         envs = [envelope(q) for q in queued]
         first = [(u, envelope(u)) for u in unreleased]
         ok = True
@@ -597,7 +598,8 @@ class SessionService:
             try:
                 await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT,
                                    client=msg.client, messages=[
-                                       deliver_item(e.topic, e.payload, e.qos, e.properties)
+                                       deliver_item(e.topic, e.payload, e.qos, e.properties,
+                                                    e.subscription_ids)
                                        for e in batch])
             except Exception as exc:
                 log.warning("delivering a session's messages failed: %s", exc,

@@ -50,6 +50,8 @@ class Queued:
     payload: bytes
     qos: int
     properties: MessageProperties
+    subscription_ids: tuple[int, ...] = ()
+    """Of the subscriptions it matched (as Mosquitto sent it, MQTT v5)."""
 
 
 class Shadow:
@@ -99,8 +101,8 @@ class Shadow:
         self._call(done)
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
-        props, _ = from_paho_properties(getattr(msg, "properties", None))
-        item = (msg, Queued(msg.topic, msg.payload, msg.qos, props))
+        props, sids = from_paho_properties(getattr(msg, "properties", None))
+        item = (msg, Queued(msg.topic, msg.payload, msg.qos, props, sids))
 
         def add() -> None:
             self.messages.append(item)

@@ -13,6 +13,10 @@ from typing import Any
 from sidecar.local.events import deliver_item, properties_from_json
 from sidecar.message import MessageProperties
 
+SUBSCRIPTION_ID_MAX = 268_435_455
+SUBSCRIPTION_IDS_MAX = 64
+"""The plugin's bounds on a delivered message's Subscription Identifiers (util.c)."""
+
 
 @dataclass(frozen=True)
 class Unreleased:
@@ -23,6 +27,7 @@ class Unreleased:
     payload: bytes
     qos: int
     properties: MessageProperties = MessageProperties()
+    subscription_ids: tuple[int, ...] = ()
 
 
 def problem(u: Unreleased) -> str | None:
@@ -33,6 +38,9 @@ def problem(u: Unreleased) -> str | None:
         return f"QoS {u.qos}"
     if not u.topic:
         return "empty topic"
+    if len(u.subscription_ids) > SUBSCRIPTION_IDS_MAX or not all(
+            1 <= s <= SUBSCRIPTION_ID_MAX for s in u.subscription_ids):
+        return f"subscription identifiers {list(u.subscription_ids)[:4]} out of range"
     return None
 
 
@@ -46,7 +54,8 @@ def from_plugin(fields: dict[str, Any]) -> list[Unreleased]:
             payload = base64.b64decode(item["payload"], validate=True)
             out.append(Unreleased(int(item["mid"]), str(item["topic"]), payload,
                                   int(item["qos"]),
-                                  properties_from_json(item.get("properties") or {})))
+                                  properties_from_json(item.get("properties") or {}),
+                                  tuple(int(s) for s in item.get("subscription_ids") or ())))
         except (KeyError, TypeError, ValueError) as exc:  # binascii.Error, ProtocolError
             raise ValueError(f"malformed unreleased message: {exc}") from exc
     return out
@@ -62,5 +71,5 @@ def without_resent(collected: list[tuple[Any, Any]], unreleased: list[Unreleased
 
 def to_plugin(messages: list[Unreleased]) -> list[dict[str, Any]]:
     """The `release` command's messages."""
-    return [{**deliver_item(u.topic, u.payload, u.qos, u.properties), "mid": u.packet_id}
-            for u in messages]
+    return [{**deliver_item(u.topic, u.payload, u.qos, u.properties, u.subscription_ids),
+             "mid": u.packet_id} for u in messages]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from sidecar._proto import peer_pb2
 from sidecar.config import NODE_ID_RE
@@ -89,22 +90,33 @@ def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
     """A part of a moving queue; `unreleased`: each with the envelope that carries it."""
     msg = peer_pb2.SessionBacklog(client=client, exchange=exchange)
     for env in envelopes:
-        msg.envelopes.add().ParseFromString(encode_envelope(env))
+        _add(msg.envelopes.add(), env)
     for u, env in unreleased:
-        item = msg.unreleased.add(packet_id=u.packet_id)
-        item.envelope.ParseFromString(encode_envelope(env))
+        _add(msg.unreleased.add(packet_id=u.packet_id).envelope, env)
     return peer_pb2.Frame(session_backlog=msg).SerializeToString()
 
 
+def _add(item: peer_pb2.Envelope, env: Envelope) -> None:
+    item.ParseFromString(encode_envelope(env))
+    item.subscription_ids.extend(env.subscription_ids)
+
+
+def _backlog_envelope(item: peer_pb2.Envelope) -> Envelope:
+    env = decode_envelope(item)
+    return replace(env, subscription_ids=tuple(item.subscription_ids)) \
+        if item.subscription_ids else env
+
+
 def backlog_from(msg: peer_pb2.SessionBacklog) -> list[Envelope]:
-    return [decode_envelope(e) for e in msg.envelopes]
+    return [_backlog_envelope(e) for e in msg.envelopes]
 
 
 def unreleased_from(msg: peer_pb2.SessionBacklog) -> list[Unreleased]:
     out = []
     for item in msg.unreleased:
-        env = decode_envelope(item.envelope)
-        out.append(Unreleased(item.packet_id, env.topic, env.payload, env.qos, env.properties))
+        env = _backlog_envelope(item.envelope)
+        out.append(Unreleased(item.packet_id, env.topic, env.payload, env.qos, env.properties,
+                              env.subscription_ids))
     return out
 
 

@@ -23,13 +23,16 @@ PROPS = MessageProperties(user=(("k", "v"),), content_type="text/plain")
 def test_the_plugin_reply_becomes_messages_and_back() -> None:
     reply = {"messages": [
         {"mid": 449, "topic": "a/b", "payload": "aGk=", "qos": 2,
-         "properties": {"user": [["k", "v"]], "content_type": "text/plain"}},
+         "properties": {"user": [["k", "v"]], "content_type": "text/plain"},
+         "subscription_ids": [3, 9]},
         {"mid": 450, "topic": "a/c", "payload": "", "qos": 2}]}
     got = from_plugin(reply)
-    assert got == [Unreleased(449, "a/b", b"hi", 2, PROPS), Unreleased(450, "a/c", b"", 2)]
+    assert got == [Unreleased(449, "a/b", b"hi", 2, PROPS, (3, 9)),
+                   Unreleased(450, "a/c", b"", 2)]
     assert to_plugin(got) == [
         {"mid": 449, "topic": "a/b", "payload": "aGk=", "qos": 2,
-         "properties": {"user": [["k", "v"]], "content_type": "text/plain"}},
+         "properties": {"user": [["k", "v"]], "content_type": "text/plain"},
+         "subscription_ids": [3, 9]},
         {"mid": 450, "topic": "a/c", "payload": "", "qos": 2, "properties": {}}]
     assert from_plugin({}) == [] and from_plugin({"messages": None}) == []
 
@@ -37,19 +40,22 @@ def test_the_plugin_reply_becomes_messages_and_back() -> None:
 @pytest.mark.parametrize("item", [
     "nope", {"mid": 1, "topic": "a", "qos": 2}, {"mid": 1, "topic": "a", "payload": "%%", "qos": 2},
     {"mid": "x", "topic": "a", "payload": "", "qos": 2},
-    {"mid": 1, "topic": "a", "payload": "", "qos": 2, "properties": {"user": "k"}}])
+    {"mid": 1, "topic": "a", "payload": "", "qos": 2, "properties": {"user": "k"}},
+    {"mid": 1, "topic": "a", "payload": "", "qos": 2, "subscription_ids": ["x"]}])
 def test_a_malformed_reply_is_refused(item) -> None:
     with pytest.raises(ValueError):
         from_plugin({"messages": [item]})
 
 
 def test_the_first_backlog_frame_carries_them_with_their_ids() -> None:
-    u = Unreleased(7, "a/b", b"x", 2, PROPS)
-    env = Envelope("n1", 1, 5, 9, u.topic, u.payload, u.qos, False, u.properties)
-    queued = Envelope("n1", 1, 6, 9, "a/q", b"y", 1)
+    u = Unreleased(7, "a/b", b"x", 2, PROPS, (4,))
+    env = Envelope("n1", 1, 5, 9, u.topic, u.payload, u.qos, False, u.properties,
+                   subscription_ids=u.subscription_ids)
+    queued = Envelope("n1", 1, 6, 9, "a/q", b"y", 1, subscription_ids=(2, 268_435_455))
     frame = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 3, [queued], [(u, env)]))
     msg = frame.session_backlog
-    assert [e.topic for e in wire.backlog_from(msg)] == ["a/q"]
+    assert [(e.topic, e.subscription_ids) for e in wire.backlog_from(msg)] == [
+        ("a/q", (2, 268_435_455))]
     assert wire.unreleased_from(msg) == [u]
     plain = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 4, [queued])).session_backlog
     assert wire.unreleased_from(plain) == []
@@ -60,6 +66,10 @@ def test_the_first_backlog_frame_carries_them_with_their_ids() -> None:
     (Unreleased(65536, "a", b"", 2), "packet id 65536 outside 1..65535"),
     (Unreleased(1, "a", b"", 0), "QoS 0"),
     (Unreleased(1, "", b"", 2), "empty topic"),
+    (Unreleased(1, "a", b"", 2, subscription_ids=(0,)),
+     "subscription identifiers [0] out of range"),
+    (Unreleased(1, "a", b"", 2, subscription_ids=(1,) * 65),
+     "subscription identifiers [1, 1, 1, 1] out of range"),
     (Unreleased(65535, "a", b"", 2), None)])
 def test_a_peers_message_is_checked_before_release(u, expected) -> None:
     assert problem(u) == expected

@@ -109,6 +109,7 @@ static const char *const COMMANDS[] = {
 	"{\"v\":1,\"id\":\"6b\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver_batch\",\"client\":\"c1\",\"messages\":[{\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":1},{\"topic\":\"a/c\",\"payload\":\"\",\"qos\":2,\"properties\":{\"user\":[[\"k\",\"v\"]]}},{\"topic\":\"a/+\",\"payload\":\"x\",\"qos\":1}]}",
 	"{\"v\":1,\"id\":\"6c\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"queued\",\"clients\":[\"c1\",\"c2\",7]}",
 	"{\"v\":1,\"id\":\"6d\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"queued\"}",
+	"{\"v\":1,\"id\":\"6s\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"deliver_batch\",\"client\":\"c1\",\"messages\":[{\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":1,\"subscription_ids\":[1,268435455]},{\"topic\":\"a/c\",\"payload\":\"\",\"qos\":1,\"subscription_ids\":[0]},{\"topic\":\"a/d\",\"payload\":\"\",\"qos\":1,\"subscription_ids\":7}]}",
 	"{\"v\":1,\"id\":\"6e\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"unreleased\",\"client\":\"c1\"}",
 	"{\"v\":1,\"id\":\"6f\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"release\",\"client\":\"c1\",\"messages\":[{\"mid\":7,\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":2},{\"mid\":8,\"topic\":\"a/c\",\"payload\":\"\",\"qos\":2,\"properties\":{\"user\":[[\"k\",\"v\"]]}},{\"mid\":0,\"topic\":\"a/+\",\"payload\":\"x\",\"qos\":1}]}",
 	"{\"v\":1,\"id\":\"6g\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"release\",\"client\":\"c1\",\"messages\":[{\"mid\":65535,\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":2},{\"mid\":1,\"topic\":\"a/b\",\"payload\":\"aGk=\",\"qos\":2}]}",
@@ -185,7 +186,7 @@ void seeds_make(struct blob **out, size_t *count)
 
 const char *const FUZZ_DICTIONARY[] = {
 	"\"cmd\":\"deliver\"", "\"cmd\":\"snapshot\"", "\"cmd\":\"resume\"", "\"cmd\":\"kick\"",
-	"\"cmd\":\"deliver_batch\"", "\"messages\":[", "\"cmd\":\"queued\"", "\"clients\":[", "\"cmd\":\"unreleased\"", "\"cmd\":\"release\"", "\"mid\":",
+	"\"cmd\":\"deliver_batch\"", "\"messages\":[", "\"cmd\":\"queued\"", "\"clients\":[", "\"cmd\":\"unreleased\"", "\"cmd\":\"release\"", "\"mid\":", "\"subscription_ids\":[",
 	"\"cmd\":\"deny\"", "\"cmd\":\"hold\"", "\"cmd\":\"admission\"", "\"cmd\":\"pressure\"", "\"cmd\":\"ack\"",
 	"\"properties\":{\"user\":[[\"a\",\"b\"]]}", "\"correlation_data\":\"", "\"payload\":\"",
 	"\"client\":\"mqfed-sidecar.fwd\"", "\"subscription\":\"$share/g/#\"", "\"qos\":2",

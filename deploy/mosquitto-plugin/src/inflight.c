@@ -292,6 +292,11 @@ static bool keep_one(const struct cmsg_mirror *m, void *arg)
 		return false;
 	}
 	if(s->properties && mosquitto_property_copy_all(&props, s->properties)) return true;
+	/* this client's copy: the identifiers of the subscriptions it matched */
+	if(subscription_ids_copy(m->properties, &props)){
+		mosquitto_property_free_all(&props);
+		return true;
+	}
 	k = new_kept(m->mid, 2, s->topic, s->payload, s->payloadlen, props);
 	if(k == NULL){
 		mosquitto_property_free_all(&props);
@@ -392,10 +397,12 @@ cJSON *inflight_unreleased_json(const char *id, bool live_here)
 		size_t n;
 		char *b64 = b64_encode(k->payload, k->len, &n);
 		cJSON *props = properties_to_json(k->props);
+		cJSON *sids = subscription_ids_to_json(k->props);
 
 		if(o == NULL || b64 == NULL){
 			cJSON_Delete(o);
 			cJSON_Delete(props);
+			cJSON_Delete(sids);
 			free(b64);
 			break;
 		}
@@ -404,6 +411,7 @@ cJSON *inflight_unreleased_json(const char *id, bool live_here)
 		cJSON_AddStringToObject(o, "payload", b64);
 		cJSON_AddNumberToObject(o, "qos", k->qos);
 		if(props) cJSON_AddItemToObject(o, "properties", props);
+		if(sids) cJSON_AddItemToObject(o, "subscription_ids", sids);
 		free(b64);
 		cJSON_AddItemToArray(arr, o);
 	}

@@ -373,6 +373,56 @@ bad:
 	return -1;
 }
 
+/* Append the optional `subscription_ids` array (each 1..268435455, at most
+ * SUBSCRIPTION_IDS_MAX) as Subscription Identifier properties. 0 on success. */
+static int subscription_ids_from_json(const cJSON *arr, mosquitto_property **props)
+{
+	const cJSON *it;
+	uint32_t v;
+
+	if(arr == NULL || cJSON_IsNull(arr)) return 0;
+	if(!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > SUBSCRIPTION_IDS_MAX) return -1;
+	cJSON_ArrayForEach(it, arr){
+		if(!json_uint(it, 268435455.0, &v) || v == 0
+				|| mosquitto_property_add_varint(props, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, v)){
+			return -1;
+		}
+	}
+	return 0;
+}
+
+cJSON *subscription_ids_to_json(const mosquitto_property *props)
+{
+	const mosquitto_property *p;
+	cJSON *arr = NULL;
+	uint32_t v;
+
+	for(p = props; p; p = mosquitto_property_next(p)){
+		if(mosquitto_property_identifier(p) != MQTT_PROP_SUBSCRIPTION_IDENTIFIER
+				|| !mosquitto_property_read_varint(p, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, &v, false)){
+			continue;
+		}
+		if(arr == NULL && (arr = cJSON_CreateArray()) == NULL) return NULL;
+		cJSON_AddItemToArray(arr, cJSON_CreateNumber(v));
+	}
+	return arr;
+}
+
+int subscription_ids_copy(const mosquitto_property *from, mosquitto_property **to)
+{
+	const mosquitto_property *p;
+	uint32_t v;
+
+	for(p = from; p; p = mosquitto_property_next(p)){
+		if(mosquitto_property_identifier(p) == MQTT_PROP_SUBSCRIPTION_IDENTIFIER
+				&& mosquitto_property_read_varint(p, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, &v, false)
+				&& mosquitto_property_add_varint(to, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, v)){
+			return -1;
+		}
+	}
+	return 0;
+}
+
 int message_from_json(const cJSON *item, struct json_message *m)
 {
 	const cJSON *topic = cJSON_GetObjectItemCaseSensitive(item, "topic");
@@ -390,9 +440,12 @@ int message_from_json(const cJSON *item, struct json_message *m)
 	m->qos = (int)qos->valuedouble;
 	if(b64_decode(payload->valuestring, &m->payload, &m->len) || m->len > INT32_MAX
 			|| properties_from_json(cJSON_GetObjectItemCaseSensitive(item, "properties"),
-				&m->props)){
+				&m->props)
+			|| subscription_ids_from_json(
+				cJSON_GetObjectItemCaseSensitive(item, "subscription_ids"), &m->props)){
 		free(m->payload);
 		m->payload = NULL;
+		mosquitto_property_free_all(&m->props);
 		return -1;
 	}
 	return 0;

@@ -49,7 +49,9 @@ size_t properties_size(const mosquitto_property *props);
 int properties_from_json(const cJSON *j, mosquitto_property **props);
 
 /* A message object of the protocol: `topic` (valid for PUBLISH), `payload` (base64), `qos`
- * (0-2), optional `properties`. */
+ * (0-2), optional `properties`, optional `subscription_ids` (the Subscription Identifiers a
+ * targeted message carries to its client, as Mosquitto had given its queued copy). */
+#define SUBSCRIPTION_IDS_MAX 64
 struct json_message {
 	const char *topic;             /* in the JSON */
 	unsigned char *payload;        /* the caller frees it */
@@ -58,5 +60,9 @@ struct json_message {
 	mosquitto_property *props;     /* the caller frees or hands them on */
 };
 int message_from_json(const cJSON *item, struct json_message *m);
+/* The Subscription Identifiers in a property list as a JSON array, NULL if none. */
+cJSON *subscription_ids_to_json(const mosquitto_property *props);
+/* Append the Subscription Identifiers of `from` to `to`. 0 on success. */
+int subscription_ids_copy(const mosquitto_property *from, mosquitto_property **to);
 
 #endif

@@ -80,6 +80,32 @@ def test_deliver_batch_queues_many_in_order_and_counts_them(broker, sidecar, cli
     assert sidecar.call("deliver_batch", client="mover", messages="x")["error"] == "bad_request"
 
 
+def test_deliver_with_subscription_identifiers(broker, sidecar, client_factory):
+    """A moved session's queued copy goes to its client with the Subscription Identifiers
+    the old node's Mosquitto gave it, as one broker delivers a queued message."""
+    c = client_factory("ids", session_expiry=300, clean_start=False)
+    c.connect()
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="ids")
+    items = [{"topic": "s/1", "payload": b64(b"1"), "qos": 1, "subscription_ids": [7]},
+             {"topic": "s/2", "payload": b64(b"2"), "qos": 2,
+              "subscription_ids": [1, 268435455], "properties": {"user": [["k", "v"]]}},
+             {"topic": "s/3", "payload": b64(b"3"), "qos": 1}]
+    assert sidecar.call("deliver_batch", client="ids", messages=items)["delivered"] == 3
+    again = client_factory("ids", session_expiry=300, clean_start=False)
+    assert again.connect() is True
+    got = again.wait_messages(lambda m: m.topic.startswith("s/"), count=3)
+    by_topic = {m.topic: m for m in got}  # (paho hands the QoS 2 one over at its PUBREL)
+    assert {t: getattr(m.properties, "SubscriptionIdentifier", None)
+            for t, m in by_topic.items()} == {"s/1": [7], "s/2": [1, 268435455], "s/3": None}
+    assert user_props(by_topic["s/2"].properties) == [("k", "v")]
+    for bad in ([0], [268435456], ["7"], 7, [1.5], list(range(1, 66))):
+        rep = sidecar.call("deliver", client="ids", topic="s/x", payload="", qos=1,
+                           subscription_ids=bad)
+        assert rep["error"] == "bad_request", bad
+    assert again.wait_messages(lambda m: m.topic == "s/x", timeout=0.3) == []
+
+
 def test_deliver_for_a_subscription_the_client_left_is_refused(broker, sidecar, client_factory):
     """A shared group's pick made before the member's UNSUBSCRIBE is not delivered after it."""
     member = client_factory("member")

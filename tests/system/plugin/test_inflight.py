@@ -20,11 +20,11 @@ def _raw(clients, broker, client_id: str, **kw) -> RawClient:
 
 
 def _left_between_pubrec_and_pubcomp(clients, broker, sidecar, name: str, topic: str,
-                                     count: int) -> list[int]:
+                                     count: int, sub_id: int | None = None) -> list[int]:
     """`name` (persistent) gets `count` QoS 2 messages, answers their PUBRELs with nothing,
     and disconnects; returns their packet ids."""
     sub = _raw(clients, broker, name, session_expiry=300, hold_pubrel=True)
-    sub.subscribe(topic, 2)
+    sub.subscribe(topic, 2, sub_id=sub_id)
     pub = clients(RawClient(f"pub-{time.time_ns()}", port=broker.port))
     pub.connect()
     for i in range(count):
@@ -40,12 +40,13 @@ def _left_between_pubrec_and_pubcomp(clients, broker, sidecar, name: str, topic:
 
 def test_unreleased_keeps_what_awaited_its_pubcomp_and_release_uses_the_same_ids(
         broker, sidecar, clients):
-    mids = _left_between_pubrec_and_pubcomp(clients, broker, sidecar, "leaver", "inf/a", 3)
+    mids = _left_between_pubrec_and_pubcomp(clients, broker, sidecar, "leaver", "inf/a", 3,
+                                            sub_id=5)
     kept = sidecar.call("unreleased", client="leaver")
     assert kept["ok"] is True
-    assert [(m["mid"], m["topic"], base64.b64decode(m["payload"]), m["qos"])
-            for m in kept["messages"]] == [(mid, "inf/a", f"m{i}".encode(), 2)
-                                           for i, mid in enumerate(mids)]
+    assert [(m["mid"], m["topic"], base64.b64decode(m["payload"]), m["qos"],
+             m.get("subscription_ids")) for m in kept["messages"]] == [
+        (mid, "inf/a", f"m{i}".encode(), 2, [5]) for i, mid in enumerate(mids)]
     assert sidecar.call("stats")["inflight_reading"] == "ok"
 
     # where it resumed (here: another client id on this Mosquitto, connected)
@@ -53,8 +54,8 @@ def test_unreleased_keeps_what_awaited_its_pubcomp_and_release_uses_the_same_ids
     done = sidecar.call("release", client="resumer", messages=kept["messages"])
     assert done["ok"] is True, done
     got = back.wait_messages(lambda m: m.topic == "inf/a", count=3)
-    assert [(m.mid, m.payload, m.qos) for m in got] == [
-        (mid, f"m{i}".encode(), 2) for i, mid in enumerate(mids)]
+    assert [(m.mid, m.payload, m.qos, m.sub_ids) for m in got] == [
+        (mid, f"m{i}".encode(), 2, [5]) for i, mid in enumerate(mids)]
     wait_for(lambda: back.pubrels == mids, 5, "the PUBRELs under the same ids")
     stats = sidecar.call("stats")
     assert stats["unreleased_same_id"] == 3 and stats["unreleased_new_id"] == 0, stats

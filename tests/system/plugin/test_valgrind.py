@@ -250,7 +250,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     for cid in ("vg-inflight", "vg-inflight2"):
         iq = clients(RawClient(cid, port=b.port, session_expiry=300, hold_pubrel=True))
         iq.connect(timeout=20)
-        iq.subscribe(f"inf/{cid}", 2)
+        iq.subscribe(f"inf/{cid}", 2, sub_id=3)
         cu.publish2(f"inf/{cid}", b"kept")
         wait_for(lambda iq=iq: iq.pubrels, 20, "the PUBREL")
         iq.disconnect()
@@ -260,8 +260,13 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     rel = clients(RawClient("vg-release", port=b.port))
     rel.connect(timeout=20)
     assert sc2.call("release", client="vg-release", messages=kept * 2, timeout=20)["ok"]
-    assert len(rel.wait_messages(lambda m: m.topic == "inf/vg-inflight", count=2,
-                                 timeout=20)) == 2
+    got = rel.wait_messages(lambda m: m.topic == "inf/vg-inflight", count=2, timeout=20)
+    assert [m.sub_ids for m in got] == [[3], [3]]
+    assert sc2.call("deliver", client="vg-release", topic="inf/ids", payload="", qos=1,
+                    subscription_ids=[5, 6], timeout=20)["ok"]
+    assert sc2.call("deliver", client="vg-release", topic="inf/ids", payload="", qos=1,
+                    subscription_ids=[5, 0], timeout=20)["error"] == "bad_request"
+    assert rel.wait_messages(lambda m: m.topic == "inf/ids", timeout=20)[0].sub_ids == [5, 6]
 
     for c in [on, p2, p3, sc2, member, both]:
         c.close()

@@ -259,11 +259,16 @@ def test_a_resumed_session_keeps_subscription_options_and_gets_no_retained_again
     dev.leave()
     dev.messages.clear()
     time.sleep(0.5)  # the options reach the registry everywhere
+    retained.publish(f"{topic}/queued", "q", qos=1).wait_for_publish(5)  # queued on n1
 
     def drained() -> int:
         return (cluster.state("n1").get("cluster_sessions") or {}).get("drained", 0)
     before = drained()
     assert dev.connect(cluster.ports["n3"]) is True, "session present"
+    queued = dev.wait_messages(1)
+    assert [(m.topic, m.properties.SubscriptionIdentifier) for m in queued] == [
+        (f"{topic}/queued", [42])], "the queued message, with its subscription identifier"
+    dev.messages.clear()
     # its own messages published inside the handover window can come back from the old copy
     # on n1 (No Local there compares with the forwarding client): publish after it
     wait_for(lambda: drained() > before, 10, "n1 handed its copy over")
