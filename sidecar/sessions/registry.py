@@ -41,6 +41,8 @@ from sidecar.sessions.record import (
     SessionRecord,
     Subscription,
     newer,
+    replica_subscriptions,
+    shared_subscriptions,
 )
 
 TOMBSTONE_KEEP_MS = 3_600_000
@@ -106,9 +108,9 @@ class Materialize:
 
 @dataclass(frozen=True, slots=True)
 class Resubscribe:
-    """Bring the replica of `client` here in line with its client's subscriptions: make
-    `add` (`SessionRecord.subscriptions` values), end `remove`; report with
-    `on_materialized`."""
+    """Bring the copy of `client` here in line: a replica with its client's subscriptions, a
+    replica that became the session with its shared ones; make `add`
+    (`SessionRecord.subscriptions` values), end `remove`; report with `on_materialized`."""
 
     client: str
     add: dict[str, int]
@@ -176,6 +178,9 @@ class SessionRegistry:
     applying: dict[str, tuple[str, int, frozenset[tuple[str, int]]]] = field(
         default_factory=dict)
     arriving: set[str] = field(default_factory=set)  # clients that tried to connect here
+    # replicas that became the session here (promoted, adopted), still without the shared
+    # subscriptions a replica does not make (`record.replica_subscriptions`)
+    unshared: set[str] = field(default_factory=set)
     # lost here and given to a replica: client -> the connect HLC of the record handed off
     handed_off: dict[str, int] = field(default_factory=dict)
     next_sweep_ms: int = 0  # when on_tick next looks for expired copies here
@@ -278,7 +283,7 @@ class SessionRegistry:
         the client retries until it is one or the other."""
         owner = self.replica[client][0]
         if client in self.queueing and self._dead(owner, now_ms):
-            self._unreplicate(client)
+            self._unreplicate(client, became_session=True)
             self.held[client] = (record.connect_hlc, True)
             self.counters["promoted"] += 1
             return self._settle(client, now_ms)
@@ -345,6 +350,8 @@ class SessionRegistry:
             if op in ("drain", "discard") and self.presence.get(client) != "online":
                 self._forget(client)
                 out = self._release(client)
+            elif op == "share":
+                self.unshared.discard(client)
             elif op == "replicate" and self.presence.get(client) != "online":
                 owner, connect_hlc, subs = self.applying.pop(client, ("", 0, frozenset()))
                 self.presence[client] = "session"
@@ -558,8 +565,15 @@ class SessionRegistry:
         ends = record.expires_at_ms()
         return ends is None or ends > now_ms
 
-    def _unreplicate(self, client: str) -> None:
-        self.replica.pop(client, None)
+    def _unreplicate(self, client: str, became_session: bool = False) -> None:
+        """`client`'s copy here is no replica any more; `became_session`: it is the session
+        now, to which its shared subscriptions are added (a replica does not make them)."""
+        if self.replica.pop(client, None) is not None and became_session:
+            record = self.records.get(client)
+            if record is not None and shared_subscriptions(record.subscriptions):
+                self.unshared.add(client)
+        else:
+            self.unshared.discard(client)
         self.queueing.discard(client)
 
     def _dead(self, node: str, now_ms: int) -> bool:
@@ -606,7 +620,7 @@ class SessionRegistry:
             return out + [Discard(client)]
         if copied is None:
             return []
-        subs = frozenset(record.subscriptions.items())
+        subs = frozenset(replica_subscriptions(record.subscriptions).items())
         if self.node_id not in self.replica_nodes(client, record.owner) \
                 or (copied[1] != subs and client in self.queueing):
             self.busy[client] = "discard"  # no longer a replica here, or out of date
@@ -616,7 +630,7 @@ class SessionRegistry:
             self.busy[client] = "replicate"
             self.applying[client] = (record.owner, record.connect_hlc, subs)
             return [Resubscribe(client, dict(subs - copied[1]), tuple(
-                f for f, _ in copied[1] if f not in record.subscriptions))]
+                f for f, _ in copied[1] if (f, record.subscriptions.get(f)) not in subs))]
         dead = self._dead(record.owner, now_ms)
         if (not record.online or dead) and client not in self.queueing:
             return self._release_replica(client, record.since_ms - self.margin_ms
@@ -654,7 +668,7 @@ class SessionRegistry:
         """Its owner lost its copy and handed the session to this replica: it is the session
         now (released, replaying what it refused since the record's offline time, if held)."""
         queueing = client in self.queueing
-        self._unreplicate(client)
+        self._unreplicate(client, became_session=True)
         self.held[client] = (record.connect_hlc, True)
         self.counters["adopted"] += 1
         if queueing:
@@ -699,6 +713,10 @@ class SessionRegistry:
             # owner holds its copy to drain it, and a chaos rolling restart lost 2 s so)
             self.held[client] = (record.connect_hlc, True)
             out += self._release(client)
+        if client in self.unshared and client not in self.busy and client not in self.failed \
+                and record is not None and local == "session":
+            self.busy[client] = "share"  # its client is kept out until they are made
+            out.append(Resubscribe(client, shared_subscriptions(record.subscriptions), ()))
         if client not in self.busy and client not in self.failed and record is not None \
                 and record.owner != self.node_id and local == "session":
             out += self._settle_copy(client, record, now_ms)
@@ -715,13 +733,14 @@ class SessionRegistry:
                 out += [Hold(client, True), Materialize(record)]
             elif self.node_id in self.replica_nodes(client, record.owner):
                 self.busy[client] = "replicate"
-                self.applying[client] = (record.owner, record.connect_hlc,
-                                         frozenset(record.subscriptions.items()))
+                self.applying[client] = (record.owner, record.connect_hlc, frozenset(
+                    replica_subscriptions(record.subscriptions).items()))
                 self.holding.add(client)
                 out += [Hold(client, True, ring=True), Materialize(record, replica=True)]
         copy = local == "session" and client in self.replica
         want_deny = (record is not None and self._resumable(record, now_ms)
-                     and (local is None or copy or self.busy.get(client) == "replicate"))
+                     and (local is None or copy or self.busy.get(client) == "replicate"
+                          or client in self.unshared))
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.append(Deny(client))

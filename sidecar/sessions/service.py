@@ -33,7 +33,7 @@ from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions import wire
-from sidecar.sessions.record import SessionRecord
+from sidecar.sessions.record import SessionRecord, replica_subscriptions
 from sidecar.sessions.registry import (
     Admit,
     Deny,
@@ -430,7 +430,8 @@ class SessionService:
             # cluster-wide expiry (its own clock would start at its making)
             if action.replica:
                 async with self._background:
-                    await self.shadows.materialize(record.client, record.subscriptions, None)
+                    await self.shadows.materialize(
+                        record.client, replica_subscriptions(record.subscriptions), None)
             else:
                 await self.shadows.materialize(record.client, record.subscriptions,
                                                record.expiry)
@@ -451,7 +452,7 @@ class SessionService:
             async with self._background:
                 await self.shadows.update(action.client, action.add, action.remove)
         except Exception as exc:
-            log.warning("changing a replica's subscriptions failed: %s", exc,
+            log.warning("changing the subscriptions of a copy here failed: %s", exc,
                         extra={"client": action.client})
             self._run(self.registry.on_materialized(action.client, False, _wall_ms()))
             return

@@ -340,3 +340,62 @@ def test_a_client_stays_denied_on_its_replica_node_while_the_replica_is_deleted(
     assert "dev" in c.nodes[rep].denied and not c.take(rep, Admit)
     c.run(rep, c.nodes[rep].on_discarded("dev", True, c.now))
     assert "dev" in c.nodes[rep].denied and not c.take(rep, Admit)
+
+
+def test_a_replica_makes_no_shared_subscription_and_ignores_their_changes():
+    """A replica held while its client is online would be a member of the client's shared
+    groups on its node: its Mosquitto would pick it for a share of the messages and peers
+    would route a share there (half of them lost for the client). It makes none."""
+    c = Replicated()
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/g/jobs/#", 1, c.now))
+    rep = c.replica_of("dev", "n1")
+    for node in c.nodes:
+        c.finish(node)
+    assert c.nodes[rep].replica["dev"][1] == frozenset({("a/#", 1)})
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/h/x", 2, c.now))
+    c.run("n1", c.nodes["n1"].on_unsubscribe("dev", "$share/g/jobs/#", c.now))
+    assert not c.take(rep, Resubscribe) and not c.take(rep, Discard)
+
+
+def test_a_promoted_replica_makes_the_shared_subscriptions_before_its_client_resumes():
+    c = Replicated()
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/g/jobs/#", 1, c.now))
+    rep = c.replica_of("dev", "n1")
+    for node in c.nodes:
+        c.finish(node)
+    c.disconnect("n1", "dev")
+    c.kill("n1")
+    c.tick(1_500)
+    acts = c.nodes[rep].on_connect_rejected("dev", "denied", c.now)
+    assert Resubscribe("dev", {"$share/g/jobs/#": 1}, ()) in acts
+    assert Admit("dev") not in acts, "kept out until its shared subscriptions are made"
+    assert c.nodes[rep].counters["promoted"] == 1
+    # a failure is tried again; the client stays out meanwhile
+    after = c.nodes[rep].on_materialized("dev", False, c.now)
+    assert Admit("dev") not in after and "dev" in c.nodes[rep].denied
+    c.tick(2_000)
+    assert c.take(rep, Resubscribe) == [Resubscribe("dev", {"$share/g/jobs/#": 1}, ())]
+    assert Admit("dev") in c.nodes[rep].on_materialized("dev", True, c.now)
+    assert "dev" not in c.nodes[rep].unshared
+
+
+def test_an_adopted_replica_makes_the_shared_subscriptions_too():
+    c = Replicated()
+    c.connect("n1", "dev")
+    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/g/jobs/#", 1, c.now))
+    rep = c.replica_of("dev", "n1")
+    for node in c.nodes:
+        c.finish(node)
+    c.disconnect("n1", "dev")
+    c.take(rep, Hold)
+    c.now += 100
+    c.run("n1", c.nodes["n1"].on_local_snapshot({}, set(), c.now))  # n1 lost its copy
+    assert c.nodes[rep].counters["adopted"] == 1
+    assert c.take(rep, Resubscribe) == [Resubscribe("dev", {"$share/g/jobs/#": 1}, ())]
+    assert "dev" in c.nodes[rep].denied
+    c.run(rep, c.nodes[rep].on_materialized("dev", True, c.now))
+    assert "dev" not in c.nodes[rep].denied and "dev" not in c.nodes[rep].unshared

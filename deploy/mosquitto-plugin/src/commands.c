@@ -299,13 +299,21 @@ static void cmd_resume(const struct request *rq, const cJSON *req)
 #define DELIVER_BATCH_MAX 10000 /* messages in one deliver_batch */
 
 /* One message (`deliver`, or one of a `deliver_batch`) into `client`'s session or connection
- * (`c`: its model entry, NULL for the forwarding connection); NULL, or the error code. */
-static const char *deliver_item(const char *client, struct client *c, const cJSON *item)
+ * (`c`: its model entry, NULL for the forwarding connection), with Subscription Identifier
+ * `sub_id` unless 0 or the message names its own; NULL, or the error code. */
+static const char *deliver_item(const char *client, struct client *c, const cJSON *item,
+		uint32_t sub_id)
 {
 	struct json_message m;
 	int rc;
 
 	if(message_from_json(item, &m)) return "bad_request";
+	if(sub_id && cJSON_GetObjectItemCaseSensitive(item, "subscription_ids") == NULL
+			&& mosquitto_property_add_varint(&m.props, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, sub_id)){
+		free(m.payload);
+		mosquitto_property_free_all(&m.props);
+		return "internal";
+	}
 	rc = mosquitto_broker_publish_copy(client, m.topic, (int)m.len, m.payload, m.qos, false,
 			m.props);
 	free(m.payload);
@@ -340,14 +348,15 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 		return;
 	}
 	/* a delivery for a subscription (a shared group's pick) is refused once the client has
-	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it */
+	 * left it: requests made before its UNSUBSCRIBE may still be queued behind it; it goes
+	 * with that subscription's identifier, as Mosquitto's own routing would give it */
 	if(subscription != NULL){
 		if(c == NULL || !model_client_has_sub(c, subscription)){
 			reply_error(rq, "not_subscribed");
 			return;
 		}
 	}
-	error = deliver_item(client, c, req);
+	error = deliver_item(client, c, req, subscription ? model_sub_identifier(c, subscription) : 0);
 	if(error){
 		reply_error(rq, error);
 		return;
@@ -379,7 +388,7 @@ static void cmd_deliver_batch(const struct request *rq, const cJSON *req)
 		return;
 	}
 	cJSON_ArrayForEach(item, items){
-		error = deliver_item(client, c, item);
+		error = deliver_item(client, c, item, 0);
 		if(error) break;
 		delivered++;
 	}

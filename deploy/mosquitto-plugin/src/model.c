@@ -130,6 +130,14 @@ bool model_client_has_sub(struct client *c, const char *filter)
 	return s != NULL;
 }
 
+uint32_t model_sub_identifier(struct client *c, const char *filter)
+{
+	struct sub *s = NULL;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	return s ? s->sub_id : 0;
+}
+
 unsigned model_client_shared(const struct client *c)
 {
 	return c->shared_count;

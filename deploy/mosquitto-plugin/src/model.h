@@ -28,6 +28,8 @@ const char *model_client_id(const struct client *c);
 bool model_client_online(const struct client *c);
 struct mosquitto *model_client_conn(const struct client *c);
 bool model_client_has_sub(struct client *c, const char *filter);
+/* The subscription identifier Mosquitto holds for the client's `filter` (0: none, unknown). */
+uint32_t model_sub_identifier(struct client *c, const char *filter);
 void model_sub_options(struct client *c, const char *filter, uint8_t options, uint32_t sub_id);
 unsigned model_client_shared(const struct client *c);
 void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared);

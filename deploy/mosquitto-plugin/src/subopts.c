@@ -14,8 +14,10 @@
  * qos, no_local, retain_as_published). The mirrors below follow Debian's 2.0.11 headers
  * (src/mosquitto_broker_internal.h, which the CVE backport does not change). A leaf is trusted
  * only if its QoS is the granted one; any mismatch turns the reading off for the run (one
- * warning): the options are then reported as unknown, as before. Shared subscriptions are not
- * read (No Local is a protocol error there). */
+ * warning): the options are then reported as unknown, as before. A shared subscription
+ * `$share/<group>/<filter>` is filed the same way in `db.shared_subs` by <filter>, its node then
+ * holding one `struct mosquitto__subshared` per group with its own leaf list: read the same way
+ * (No Local is a protocol error there, so only Retain As Published and the identifier). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,12 +37,18 @@ struct leaf_mirror {       /* struct mosquitto__subleaf */
 	bool retain_as_published;
 };
 
+struct shared_mirror {     /* struct mosquitto__subshared */
+	UT_hash_handle hh;
+	char *name;
+	struct leaf_mirror *subs;
+};
+
 struct hier_mirror {       /* struct mosquitto__subhier */
 	UT_hash_handle hh;
 	struct hier_mirror *parent;
 	struct hier_mirror *children;
 	struct leaf_mirror *subs;
-	void *shared;
+	struct shared_mirror *shared;
 	char *topic;
 	uint16_t topic_len;
 };
@@ -48,6 +56,7 @@ struct hier_mirror {       /* struct mosquitto__subhier */
 struct db_mirror {         /* the head of struct mosquitto_db */
 	uint64_t last_db_id;
 	struct hier_mirror *normal_subs;
+	struct hier_mirror *shared_subs;
 };
 
 extern struct db_mirror db __attribute__((weak)); /* the broker's `db` (exported) */
@@ -65,9 +74,7 @@ static bool broken;
 void subopts_note(struct mosquitto *client, const char *filter, uint8_t qos)
 {
 	if(broken || &db == NULL || n_pending == PENDING_MAX) return;
-	if(mosquitto_client_protocol_version(client) != 5 || strncmp(filter, "$share/", 7) == 0){
-		return;
-	}
+	if(mosquitto_client_protocol_version(client) != 5) return;
 	pending[n_pending].filter = strdup(filter);
 	if(pending[n_pending].filter == NULL) return;
 	pending[n_pending].client = client;
@@ -88,18 +95,32 @@ static struct hier_mirror *level(struct hier_mirror *siblings, const char *name,
 
 /* The leaf of `client` for `filter` (NULL: not subscribed). Mosquitto files a filter under
  * its first level's node, then again from that first level down among its children (sub__add,
- * sub__add_context): "a/b" is [""] -> "" -> "a" -> "b", "$SYS/x" is ["$SYS"] -> "$SYS" -> "x". */
+ * sub__add_context): "a/b" is [""] -> "" -> "a" -> "b", "$SYS/x" is ["$SYS"] -> "$SYS" -> "x".
+ * "$share/g/a/b" is "a/b" in the shared tree (always under the "" level, a "$" filter too:
+ * sub__topic_tokenise), then group "g" at its last node. */
 static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *filter)
 {
-	const char *p = filter, *slash = strchr(filter, '/');
-	struct hier_mirror *h;
+	struct hier_mirror *root = db.normal_subs, *h;
+	struct shared_mirror *group = NULL;
+	const char *p, *slash, *name = NULL;
+	size_t name_len = 0;
 	struct leaf_mirror *l;
 	unsigned depth = 0;
 
-	if(filter[0] == '$'){ /* filed under its own first level */
-		h = level(db.normal_subs, filter, slash ? (size_t)(slash - filter) : strlen(filter));
+	if(strncmp(filter, "$share/", 7) == 0){
+		name = filter + 7;
+		slash = strchr(name, '/');
+		if(slash == NULL || slash == name) return NULL;
+		name_len = (size_t)(slash - name);
+		filter = slash + 1;
+		root = db.shared_subs;
+	}
+	p = filter;
+	slash = strchr(filter, '/');
+	if(filter[0] == '$' && name == NULL){ /* filed under its own first level */
+		h = level(root, filter, slash ? (size_t)(slash - filter) : strlen(filter));
 	}else{                /* under a leading "" level, twice */
-		h = level(db.normal_subs, "", 0);
+		h = level(root, "", 0);
 		h = h ? level(h->children, "", 0) : NULL;
 	}
 	while(p && h && depth++ < LEVELS_MAX){
@@ -108,7 +129,14 @@ static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *filte
 		p = slash ? slash + 1 : NULL;
 	}
 	if(h == NULL || p != NULL) return NULL;
-	for(l = h->subs; l; l = l->next){
+	if(name){
+		if(h->shared) HASH_FIND(hh, h->shared, name, name_len, group);
+		if(group == NULL || strlen(group->name) != name_len
+				|| memcmp(group->name, name, name_len) != 0){
+			return NULL;
+		}
+	}
+	for(l = group ? group->subs : h->subs; l; l = l->next){
 		if(l->context == client) return l;
 	}
 	return NULL;

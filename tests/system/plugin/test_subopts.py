@@ -1,6 +1,7 @@
 """Subscription options on a real Mosquitto: the plugin reads No Local, Retain As Published and
-the subscription identifier of a v5 client's subscription once Mosquitto added it, and reports
-them in a second subscribe event (the first, at the ACL check, cannot see them)."""
+the subscription identifier of a v5 client's subscription (shared ones too) once Mosquitto
+added it, and reports them in a second subscribe event (the first, at the ACL check, cannot see
+them)."""
 
 from __future__ import annotations
 
@@ -53,13 +54,24 @@ def test_default_options_add_no_event_and_other_kinds_of_filters(broker, sidecar
     _subscribe(c, "p/#", 2)
     _subscribe(c, "$SYS/broker/uptime", 0, rap=True)
     _subscribe(c, "/lead/", 1, sub_id=3)
-    _subscribe(c, "$share/g/s/#", 1, sub_id=4)  # shared: not read
+    # shared subscriptions (the shared tree, per group): only RAP and the identifier
+    _subscribe(c, "$share/g/s/#", 1, sub_id=4)
+    _subscribe(c, "$share/h/s/#", 2, rap=True)
+    _subscribe(c, "$share/g/$SYS/x", 0, sub_id=5)
+    _subscribe(c, "$share/g/plain", 1)
     sidecar.wait_type("subscribe", client="plain", filter="/lead/", count=2)
+    sidecar.wait_type("subscribe", client="plain", filter="$share/g/$SYS/x", count=2)
     assert len(_subscribes(sidecar, "plain", "p/#")) == 1
     sys_events = _subscribes(sidecar, "plain", "$SYS/broker/uptime")
     assert [e["options"] for e in sys_events] == [None, 0x08]
     assert _subscribes(sidecar, "plain", "/lead/")[1]["subscription_id"] == 3
-    assert len(_subscribes(sidecar, "plain", "$share/g/s/#")) == 1
+    shared = {f: [(e["options"], e["subscription_id"]) for e in _subscribes(sidecar, "plain", f)]
+              for f in ("$share/g/s/#", "$share/h/s/#", "$share/g/$SYS/x", "$share/g/plain")}
+    assert shared == {"$share/g/s/#": [(None, None), (1, 4)],
+                      "$share/h/s/#": [(None, None), (2 | 0x08, None)],
+                      "$share/g/$SYS/x": [(None, None), (0, 5)],
+                      "$share/g/plain": [(None, None)]}
+    assert "subscription options cannot be read" not in broker.log()
 
 
 def test_a_v311_client_has_no_options_to_read(broker, sidecar, client_factory):

@@ -286,6 +286,72 @@ def test_a_resumed_session_keeps_subscription_options_and_gets_no_retained_again
     retained.loop_stop()
 
 
+def test_a_persistent_shared_subscriber_gets_every_message_of_its_group(shared_cluster):
+    """Its session's replica on another node is no member of the group: before, that node's
+    Mosquitto took a share of what was published there and refused it (the replica is held
+    while its client is online), and peers routed a share there, queued where the client was
+    not: the client got 15 of every 30, from every node."""
+    cluster = shared_cluster
+    topic = f"shared/persistent/{time.time_ns()}"
+
+    def replicas() -> int:
+        return sum((cluster.state(n).get("cluster_sessions") or {}).get("replicas", 0)
+                   for n in ("n1", "n2", "n3"))
+    before = replicas()
+    dev = Device(f"shp-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    dev.subscribe(f"$share/workers/{topic}", 1)
+    wait_for(lambda: replicas() > before, 10, "the session's replica")
+    time.sleep(0.5)  # every peer's interest settled
+    for i, node in enumerate(("n1", "n2", "n3")):
+        publish(cluster.ports[node], topic, 30, start=100 * i)
+    expected = [100 * i + k for i in range(3) for k in range(30)]
+    got = dev.wait_count(90)
+    assert sorted(set(got)) == expected, \
+        f"got {len(set(got))} of 90; missing {sorted(set(expected) - set(got))[:10]}"
+    dev.leave()
+
+
+def test_a_shared_subscriptions_identifier_and_options_follow_the_session(shared_cluster):
+    """A shared subscription made with an identifier on n1 has it on the session resumed on
+    n3 (the plugin reads it from Mosquitto's shared tree), and a message published on n2
+    reaches the member there with it (the group's pick is a targeted delivery, which now
+    adds the member's identifier)."""
+    cluster = shared_cluster
+    topic = f"shopts/{time.time_ns()}"
+    dev = Device(f"shdev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.SubscriptionIdentifier = 43
+    done = threading.Event()
+    dev.client.on_subscribe = lambda *a: done.set()
+    dev.client.subscribe([(f"$share/grp/{topic}", SubscribeOptions(qos=1, retainAsPublished=True))],
+                         properties=props)
+    assert done.wait(5)
+    dev.leave()
+    time.sleep(0.5)  # the options reach the registry everywhere
+
+    def drained() -> int:
+        return (cluster.state("n1").get("cluster_sessions") or {}).get("drained", 0)
+    before = drained()
+    assert dev.connect(cluster.ports["n3"]) is True, "session present"
+    wait_for(lambda: drained() > before, 10, "n1 handed its copy over")
+    wait_for(lambda: ["grp", topic] in [r[:2] for r in cluster.state("n3").get("interest", [])],
+             10, "n3's interest in the group")
+    pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id=f"shpub-{time.time_ns()}", protocol=mqtt.MQTTv5)
+    pub.connect("127.0.0.1", cluster.ports["n2"])
+    pub.loop_start()
+    try:
+        pub.publish(topic, "x", qos=1).wait_for_publish(5)
+        got = dev.wait_messages(1)
+        assert [(m.topic, m.properties.SubscriptionIdentifier) for m in got] == [
+            (topic, [43])], "its identifier"
+    finally:
+        pub.loop_stop()
+        dev.leave()
+
+
 def test_qos2_is_exactly_once_across_moves_and_a_later_move_delivers_nothing_again(
         shared_cluster):
     """QoS 2 messages queued while the client is offline: resumed on n2, then on n3, then
