@@ -79,15 +79,8 @@ class QueueEnvelope:
 
 
 @dataclass(frozen=True)
-class Unroutable:
-    """A shared-subscription copy for which no peer has members any more."""
-
-    key: InterestKey
-
-
-@dataclass(frozen=True)
 class DeliverLocalShared:
-    """No peer holds the group any more: deliver to one LOCAL member of
+    """No peer holds the group (any more): deliver to one LOCAL member of
     ``$share/<shared_group>/<shared_filter>``, then call `on_settled(LOCAL, [seq])`."""
 
     envelope: Envelope
@@ -96,7 +89,7 @@ class DeliverLocalShared:
 LOCAL = ""
 """The pseudo-peer a local shared delivery settles as."""
 
-ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | Unroutable | DeliverLocalShared
+ForwardAction = AckLocal | SendEnvelope | QueueEnvelope | DeliverLocalShared
 
 
 @dataclass
@@ -127,7 +120,7 @@ class Forwarder:
         self._shared: dict[tuple[int, str], tuple[Envelope, set[str]]] = {}
         self.forwarded = 0
         self.skipped = 0
-        self.unroutable = 0
+        self.local_shared = 0  # shared picks no peer holds: given to a local member
 
     @property
     def pending(self) -> int:
@@ -142,30 +135,35 @@ class Forwarder:
         group's delivery (Mosquitto picked this sidecar as the member) goes this way (the
         plugin keeps retained re-injections away from shared subscriptions)."""
         decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
-        actions: list[ForwardAction] = [Unroutable(key) for key in decision.unroutable]
-        self.unroutable += len(decision.unroutable)
+        actions: list[ForwardAction] = []
+        local = decision.unroutable  # Mosquitto picked us, no peer holds the group (any more)
         if decision.peers and not copy.retain and self.recent is not None:
             self.recent.add(wall_ms, copy.topic, copy.payload, copy.qos, copy.properties,
                             decision.peers)
         targets = [(peer, None, "") for peer in ([] if copy.retain else sorted(decision.peers))]
         targets += [(s.peer, s.group, s.filter) for s in decision.shared]
-        if not targets:
+        if not targets and not local:
             self.skipped += 1
             actions.append(AckLocal(copy.mid, copy.qos))
             return actions
         self._seq += 1
-        self.forwarded += 1
+        self.forwarded += bool(targets)
         seq = self._seq
         hlc = self.clock.now(wall_ms).pack()
         for peer, group, shared_filter in targets:
             env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
                            copy.qos, copy.retain, copy.properties, group, shared_filter)
             actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
+        for key in local:  # as Mosquitto would have, had it picked a local member
+            self.local_shared += 1
+            actions.append(DeliverLocalShared(Envelope(
+                self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload, copy.qos,
+                copy.retain, copy.properties, key.group, key.filter)))
         if copy.qos == 0:
             actions.append(AckLocal(copy.mid, 0))
         else:
-            self._pending[seq] = _Pending(copy.mid, copy.qos,
-                                          {(peer, seq) for peer, _, _ in targets}, [seq])
+            waiting = {(peer, seq) for peer, _, _ in targets} | ({(LOCAL, seq)} if local else set())
+            self._pending[seq] = _Pending(copy.mid, copy.qos, waiting, [seq])
             for action in actions:
                 if isinstance(action, QueueEnvelope) and action.envelope.shared_group is not None:
                     self._shared[(seq, action.peer)] = (action.envelope, {action.peer})

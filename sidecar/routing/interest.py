@@ -61,6 +61,9 @@ __all__ = [
 MAX_SUBSCRIPTION_ID = 268_435_455
 """Largest MQTT v5 subscription identifier (variable byte integer)."""
 
+RETIRED_SHARED = 4096
+"""Given-up shared subscription ids remembered for copies still on their way (`_retired`)."""
+
 LITERAL_GROUP = 256
 """Most literal (wildcard-free, plain) filters sharing one subscription identifier."""
 
@@ -248,6 +251,9 @@ class RemoteInterest:
         self._groups: dict[int, int] = {}  # id -> how many literal filters share it
         self._wild: TopicTrie[_Union] = TopicTrie()  # plain union filters with wildcards
         self._shared: dict[InterestKey, tuple[str, ...]] = {}  # sorted peers per shared key
+        # ids of shared subscriptions given up (oldest first), until reused or pushed out: a
+        # copy Mosquitto picked the forwarding client for just before its UNSUBSCRIBE
+        self._retired: dict[int, InterestKey] = {}
         self._peer_sets = _PeerSets()
         self._rr: RoundRobin[str] = RoundRobin(seed)
         self._top_sid = 0
@@ -446,8 +452,10 @@ class RemoteInterest:
         from peers. Rules:
 
         - identifiers not (or no longer) in use, or whose filter does not match the topic, are
-          ignored (stale copies from before an unsubscribe); an identifier shared by literal
-          filters names the one equal to the topic;
+          ignored (stale copies from before an unsubscribe), but for a shared subscription
+          given up lately: Mosquitto picked the sidecar instead of another member, so the key
+          is returned in `unroutable` (a local member takes it); an identifier shared by
+          literal filters names the one equal to the topic;
         - plain: the copy is forwarded iff its smallest plain identifier is the smallest
           identifier among ALL plain union filters matching the topic, so a message matched by
           several filters is forwarded once; it goes to every peer with plain interest matching
@@ -462,6 +470,11 @@ class RemoteInterest:
         singles = self._singles
         for sid in subscription_ids:
             sub = singles.get(sid)
+            if sub is None and sid in self._retired:  # a shared pick as the group went away
+                gone = self._retired[sid]
+                if matches(gone.filter, topic):
+                    unroutable.append(gone)
+                continue
             if sub is None:  # an id literal filters share: the one equal to the topic, if any
                 if sid in self._groups and (plain_min == 0 or sid < plain_min):
                     literal = self._union.get(topic)
@@ -629,8 +642,14 @@ class RemoteInterest:
             del self._singles[sid]
             if sub.key.group is None:
                 self._wild.remove(sub.verbatim, sub)
+            else:
+                self._retired[sid] = sub.key
+                if len(self._retired) > RETIRED_SHARED:
+                    del self._retired[next(iter(self._retired))]
         if sid == self._top_sid:  # amortized O(1): each step passes an id released once
-            while self._top_sid and not self._in_use(self._top_sid):
+            # (a retired shared id is not handed out again while it is remembered)
+            while self._top_sid and not self._in_use(self._top_sid) \
+                    and self._top_sid not in self._retired:
                 self._top_sid -= 1
 
     def _in_use(self, sid: int) -> bool:
@@ -639,10 +658,12 @@ class RemoteInterest:
     def _allocate(self) -> int:
         if self._top_sid < MAX_SUBSCRIPTION_ID:
             self._top_sid += 1
+            self._retired.pop(self._top_sid, None)
             return self._top_sid
         sid = 1
         while self._in_use(sid):
             sid += 1
+        self._retired.pop(sid, None)
         return sid
 
     def _set_shared(self, key: InterestKey, peers: frozenset[str]) -> None:

@@ -22,7 +22,7 @@ from sidecar._proto import peer_pb2
 from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock, MessageId
-from sidecar.local.events import RetainedSeen
+from sidecar.local.events import CommandFailed, RetainedSeen
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.message import publish_problem
@@ -55,7 +55,6 @@ from sidecar.routing.forwarder import (
     LocalCopy,
     QueueEnvelope,
     SendEnvelope,
-    Unroutable,
 )
 from sidecar.routing.interest import (
     LEAVE_STEP,
@@ -168,7 +167,7 @@ class RoutingService(CatchUpWiring):
         self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
         self._tasks: list[asyncio.Task] = []
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
-                          "too_large": 0}
+                          "shared_member_gone": 0, "too_large": 0}
         self._too_large_logged = -TOO_LARGE_LOG_EVERY
         self._invalid_logged = -TOO_LARGE_LOG_EVERY
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
@@ -552,11 +551,10 @@ class RoutingService(CatchUpWiring):
                 self.forward_client.ack(action.mid, action.qos)
             elif isinstance(action, DeliverLocalShared):
                 asyncio.get_running_loop().create_task(self._deliver_local(action.envelope))
-            elif isinstance(action, Unroutable):
-                self._counters["unroutable"] += 1
 
     async def _deliver_local(self, env: Envelope) -> None:
-        """A rejected shared delivery with no remote member left: one local member takes it."""
+        """A shared pick no peer takes (none holds the group, or every holder rejected it):
+        one local member takes it; without one it is counted as unroutable."""
         members = self.shared_members(env.shared_group or "", env.shared_filter)
         if not await self._deliver_to(self.receiver.pick_member(env, members), env):
             self._counters["unroutable"] += 1
@@ -837,7 +835,15 @@ class RoutingService(CatchUpWiring):
             return False
         try:
             await self.commands.deliver(client, env)
-        except Exception as exc:  # the plugin refused or timed out: the origin is told
+        except CommandFailed as exc:  # the origin is told, and picks again
+            if exc.code in ("not_subscribed", "unknown_client"):
+                # the member left the group (or its session moved) since it was picked
+                self._counters["shared_member_gone"] += 1
+                log.debug("shared delivery refused: %s", exc, extra={"client": client})
+            else:
+                log.warning("shared delivery failed: %s", exc, extra={"client": client})
+            return False
+        except Exception as exc:  # the plugin did not answer: the origin is told
             log.warning("shared delivery failed: %s", exc, extra={"client": client})
             return False
         return True
@@ -898,6 +904,7 @@ class RoutingService(CatchUpWiring):
                            "dropped": q.dropped} for p, q in self.queues.items()},
             "forwarded": self.forwarder.forwarded,
             "skipped": self.forwarder.skipped,
+            "shared_local": self.forwarder.local_shared,
             "pending_local_acks": self.forwarder.pending,
             "forwarding_subscriptions": self.remote.subscription_count(),
             "interest": self.interest_status(),

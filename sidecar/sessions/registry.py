@@ -738,12 +738,14 @@ class SessionRegistry:
                 self.holding.add(client)
                 out += [Hold(client, True, ring=True), Materialize(record, replica=True)]
         copy = local == "session" and client in self.replica
+        # (a copy being drained or deleted here is not to be resumed meanwhile: its client
+        # would take over the drain's shadow, and a failed drain gives the copy back)
         want_deny = (record is not None and self._resumable(record, now_ms)
-                     and (local is None or copy or self.busy.get(client) == "replicate"
-                          or client in self.unshared))
+                     and (local is None or copy or client in self.unshared
+                          or self.busy.get(client) in ("replicate", "drain", "discard")))
         if want_deny and client not in self.denied:
             self.denied.add(client)
-            out.append(Deny(client))
+            out.insert(0, Deny(client))  # ahead of an operation issued here (done in order)
         elif not want_deny and client in self.denied and client not in self.busy:
             # not while an operation changes the copy here (being made, deleted, drained):
             # a connect then would find no session, or one about to go (session present 0)

@@ -278,7 +278,11 @@ class SessionService:
             self._run(self.registry.on_remote(records, _wall_ms()))
         elif kind == "session_backlog":
             msg = frame.session_backlog
-            self._chain(msg.client, self._receive_backlog(peer, msg, inbound))
+            if self.registry.takes_backlog(msg.client):
+                self._chain(msg.client, self._receive_backlog(peer, msg, inbound))
+            else:  # refused at once, never behind an operation here: a drain of this client
+                # here waits for another node's answer, which may wait for this one's
+                self._spawn(self._receive_backlog(peer, msg, inbound))
         elif kind == "session_sync":
             msg = frame.session_sync
             self._spawn(self._answer_sync(peer, msg.client, msg.exchange, inbound))
@@ -501,8 +505,10 @@ class SessionService:
         await self._sync(action.client)
         await self._command("hold", client=action.client, on=True)
         unreleased = await self._unreleased(action.client)
+        record = self.registry.records.get(action.client)
         try:
-            shadow = await self.shadows.drain(action.client, action.subscriptions)
+            shadow = await self.shadows.drain(action.client, action.subscriptions,
+                                              record.subscriptions if record else None)
         except Exception as exc:
             log.warning("draining a session failed: %s", exc, extra={"client": action.client})
         else:

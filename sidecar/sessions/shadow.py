@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from sidecar.local.forward_client import from_paho_properties
 from sidecar.local.protocol import SESSION_EXPIRY_NEVER, SIDECAR_USERNAME
 from sidecar.message import MessageProperties
 from sidecar.sessions.record import Subscription
+
+log = logging.getLogger("mqfed.sessions")
 
 MARKER_TOPIC = "$SYS/broker/mqfed/drain-marker"
 TIMEOUT = 5.0
@@ -64,6 +67,7 @@ class Shadow:
         self._connack: asyncio.Future = self._loop.create_future()
         self._acks: dict[int, asyncio.Future] = {}
         self.messages: list[tuple[mqtt.MQTTMessage, Queued]] = []
+        self.restore: dict[str, int] = {}  # a drain's: what the session gets back if it fails
         self.arrived = asyncio.Event()
         self._client = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -236,31 +240,47 @@ class Shadows:
         finally:
             await shadow.disconnect()
 
-    async def drain(self, client: str, filters: tuple[str, ...]) -> Shadow:
+    async def drain(self, client: str, filters: tuple[str, ...],
+                    restore: dict[str, int] | None = None) -> Shadow:
         """Resume `client`'s session, end its subscriptions `filters` (its client has them
         on its new node) and take what it queued; the caller hands the messages over, then
-        calls `finish`."""
+        calls `finish`. If the drain fails, the session gets `restore` (its client's
+        subscriptions) back: it may be resumed here as it is, or drained again."""
         shadow = Shadow(self.socket_path, self.secret, client)
         try:
             await shadow.connect(False, SESSION_EXPIRY_NEVER, receive_maximum=65535)
+            shadow.restore = dict(restore or {})
             await shadow.unsubscribe(list(filters))
             payload = f"{client}:{next(_markers)}".encode()
             await self.deliver_marker(client, MARKER_TOPIC, payload)
             await shadow.wait_for(MARKER_TOPIC, payload)
         except BaseException:
-            await shadow.disconnect()
+            await self._give_back(shadow)
             raise
         shadow.messages = [(m, q) for m, q in shadow.messages if m.topic != MARKER_TOPIC]
         return shadow
 
-    @staticmethod
-    async def finish(shadow: Shadow, handed_over: bool) -> None:
+    async def finish(self, shadow: Shadow, handed_over: bool) -> None:
         """Delete the drained session (its messages are elsewhere now), or leave it as it
-        was, messages unacknowledged, to drain again later."""
+        was, messages unacknowledged and subscriptions made again, to drain again later."""
         if handed_over:
             shadow.ack_all()
             await shadow.disconnect(expiry=0)
         else:
+            await self._give_back(shadow)
+
+    @staticmethod
+    async def _give_back(shadow: Shadow) -> None:
+        """A failed drain: the session gets its subscriptions back (Retain Handling 2), so a
+        client that resumes it here has them (before, it had none: everything after was
+        lost); then the shadow leaves, its messages unacknowledged."""
+        try:
+            if shadow.restore:
+                await shadow.subscribe(shadow.restore)
+        except Exception as exc:  # noqa: BLE001 - its connection is gone (the client took over)
+            log.warning("giving a session back its subscriptions after a failed drain "
+                        "failed: %s", exc, extra={"client": shadow.client_id})
+        finally:
             await shadow.disconnect()
 
     async def discard(self, client: str) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from sidecar.hlc import HybridClock
 from sidecar.routing.forwarder import (
+    LOCAL,
     AckLocal,
+    DeliverLocalShared,
     Forwarder,
     LocalCopy,
     QueueEnvelope,
     SendEnvelope,
-    Unroutable,
 )
 from sidecar.routing.interest import InterestSnapshot, RemoteInterest
 from sidecar.routing.table import InterestKey
@@ -54,7 +55,7 @@ def test_copy_nobody_wants_is_acked_at_once():
     assert fwd.skipped == 1
 
 
-def test_shared_copy_goes_to_one_peer_and_unroutable_is_reported():
+def test_shared_copy_goes_to_one_peer_and_one_no_peer_takes_to_a_local_member():
     fwd, sids = _setup(n2=["$share/g/job/#"], n3=["$share/g/job/#"])
     sid = sids["$share/g/job/#"]
     picked = []
@@ -64,10 +65,19 @@ def test_shared_copy_goes_to_one_peer_and_unroutable_is_reported():
         assert len(queued) == 1 and queued[0].envelope.shared_group == "g"
         picked.append(queued[0].peer)
     assert set(picked) == {"n2", "n3"}
+    # the group went away while Mosquitto picked the forwarding client for copies on their
+    # way: Mosquitto would have given them to another member; a local one takes them, and
+    # the copy is acknowledged once it has (a plain stale copy is just acknowledged)
     fwd.interest.remove_peer("n2")
     fwd.interest.remove_peer("n3")
-    assert fwd.on_copy(LocalCopy(9, "job/1", b"", 1, False, subscription_ids=(sid,)), 1) == [
-        AckLocal(9, 1)]
+    actions = fwd.on_copy(LocalCopy(9, "job/1", b"x", 1, False, subscription_ids=(sid,)), 1)
+    assert [(type(a), a.envelope.shared_group, a.envelope.shared_filter) for a in actions] == [
+        (DeliverLocalShared, "g", "job/#")]
+    seq = actions[0].envelope.origin_seq
+    assert fwd.on_settled(LOCAL, [seq]) == [AckLocal(9, 1)]
+    zero = fwd.on_copy(LocalCopy(10, "job/1", b"", 0, False, subscription_ids=(sid,)), 1)
+    assert [type(a) for a in zero] == [DeliverLocalShared, AckLocal]
+    assert fwd.local_shared == 2
 
 
 def test_shared_copy_prefers_peers_whose_stream_is_up():
@@ -81,7 +91,7 @@ def test_shared_copy_prefers_peers_whose_stream_is_up():
     actions = fwd.on_copy(LocalCopy(9, "job/1", b"", 1, False, subscription_ids=(sid,)), 1,
                           down={"n2", "n3"})
     assert len([a for a in actions if isinstance(a, QueueEnvelope)]) == 1
-    assert not any(isinstance(a, Unroutable) for a in actions)
+    assert not any(isinstance(a, DeliverLocalShared) for a in actions)
 
 
 def test_peer_removed_releases_waiting_acks_and_seqs_increase():
@@ -94,7 +104,6 @@ def test_peer_removed_releases_waiting_acks_and_seqs_increase():
 
 
 def test_rejected_shared_delivery_moves_to_another_holder_then_local():
-    from sidecar.routing.forwarder import LOCAL, DeliverLocalShared
 
     fwd, sids = _setup(n2=["$share/g/job/#", "job/#"], n3=["$share/g/job/#"])
     shared = sids["$share/g/job/#"]

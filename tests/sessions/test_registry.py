@@ -170,7 +170,8 @@ def test_a_failed_operation_is_retried_after_a_pause():
     [drain] = c.take("n1", Drain)
     c.run("n1", n1.on_drained("dev", False, c.now))
     assert n1.on_tick(c.now + 10) == []
-    assert n1.on_tick(c.now + 2_000) == [drain]
+    # (kept out while it is drained again: its client would take over the shadow)
+    assert n1.on_tick(c.now + 2_000) == [Deny("dev"), drain]
 
 
 def test_a_copy_made_ahead_of_its_client_is_held_until_it_connects():
@@ -256,3 +257,15 @@ def test_packing_a_subscription_round_trips():
               Subscription(1, True, True, 268_435_455)):
         assert Subscription.unpack(s.pack()) == s
     assert Subscription(2).pack() == 2  # a plain QoS is the default options
+
+
+def test_a_copy_being_drained_keeps_its_client_out_and_a_failed_drain_lets_it_back():
+    """Its client coming back during the drain would take over the drain's shadow; after a
+    failed drain the copy (its subscriptions given back by the adapter) may be resumed."""
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.connect("n2", "dev", present=True)
+    n1 = c.nodes["n1"]
+    assert c.take("n1", Drain) and "dev" in n1.denied
+    admits = [a for a in n1.on_drained("dev", False, c.now) if isinstance(a, Admit)]
+    assert admits == [Admit("dev")] and "dev" not in n1.denied

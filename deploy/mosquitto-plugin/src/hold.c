@@ -124,15 +124,20 @@ void hold_release(const char *id, bool replay, int64_t since_ms)
 	h->since_ms = since_ms;
 }
 
-/* Whether a message routed to `id`'s offline session is refused (kept, for a ring hold). */
-bool hold_refuses(const char *id, const char *topic, const void *payload, uint32_t len,
-		uint8_t qos)
+/* Whether a message routed to `id`'s offline session is refused (kept, for a ring hold).
+ * `shared_check`: the check is for a shared subscription (origin_shared_check). A plain hold
+ * grants those: Mosquitto 2.0.11 drops a group's message whose pick is refused (it tries no
+ * other member), and a group's message reaches one member cluster-wide, so it cannot come
+ * twice; the copy queues it for the client that takes it over, or hands it over in its
+ * drain. (A replica, a ring hold, makes no shared subscription.) */
+bool hold_refuses(const char *id, bool shared_check, const char *topic, const void *payload,
+		uint32_t len, uint8_t qos)
 {
 	struct hold *h = find(id);
 	struct held_msg *m;
 	int64_t now;
 
-	if(h == NULL) return false;
+	if(h == NULL || (shared_check && !h->ring)) return false;
 	if(!h->ring || qos == 0 || topic == NULL) return true; /* an offline session drops QoS 0 */
 	now = now_ms();
 	while(h->head && (h->head->at_ms < now - RING_MS || h->bytes + len > RING_BYTES_PER_HOLD

@@ -221,13 +221,29 @@ static void run_start(struct client *c, struct client_run *r, const char *topic)
 	model_count_matches(c, topic, &r->plain, &r->shared);
 }
 
+/* Whether this READ check of `client` is for one of its shared subscriptions (fact 4 above:
+ * its matching plain subscriptions are checked first, then once per group in which it is the
+ * member at the head), counted per routing (run_seq, topic pointer) for a client with shared
+ * subscriptions in the model. Called once for every READ check. */
+bool origin_shared_check(struct mosquitto *client, const char *topic)
+{
+	struct client *c;
+	struct client_run *r;
+
+	if(topic == NULL) return false;
+	c = model_find(mosquitto_client_id(client));
+	if(c == NULL || model_client_shared(c) == 0) return false;
+	r = model_client_run(c);
+	if(r->seq != run_seq || r->topic != topic) run_start(c, r, topic);
+	if(r->shared == 0) return false;
+	return ++r->checks > r->plain;
+}
+
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
-		uint32_t payloadlen, uint8_t qos, bool retain)
+		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check)
 {
 	const struct fwd_fp *fp = NULL;
 	struct fwd_q2 *e = NULL;
-	struct client *c = NULL;
-	struct client_run *r;
 	const char *id;
 	bool to_fwd;
 
@@ -251,17 +267,8 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 
 	id = mosquitto_client_id(client);
 	to_fwd = client == sidecar_fwd_conn() || streq(id, sidecar_fwd_id());
-	if(!to_fwd){
-		c = model_find(id);
-		if(c == NULL || model_client_shared(c) == 0) return false; /* only plain subscriptions */
-	}
+	if(!to_fwd && !shared_check) return false; /* a plain subscription: routed as usual */
 	if(!fp_matches(fp, topic, payload, payloadlen, qos)) return false;
-	if(!to_fwd){
-		r = model_client_run(c);
-		if(r->seq != run_seq || r->topic != topic) run_start(c, r, topic);
-		if(r->shared == 0) return false;
-		if(++r->checks <= r->plain) return false; /* its plain subscriptions come first */
-	}
 	fwd_denied++;
 	return true;
 }

@@ -14,8 +14,9 @@ void origin_init(uint64_t q2_max, uint64_t hash_seed);
 void origin_event(void);
 uint64_t origin_run_seq(void);
 void origin_on_message(const struct mosquitto_evt_message *ed);
+bool origin_shared_check(struct mosquitto *client, const char *topic);
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
-		uint32_t payloadlen, uint8_t qos, bool retain);
+		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check);
 void origin_fwd_auth(struct mosquitto *client);
 void origin_fwd_disconnect(struct mosquitto *client);
 void origin_tick(void);

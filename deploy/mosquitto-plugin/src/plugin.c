@@ -429,15 +429,16 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_acl_check *ed = event_data;
 	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
-	bool shadow;
+	bool shadow, shared_check = false;
 
 	(void)event;
 	(void)userdata;
 	if(nested) return MOSQ_ERR_PLUGIN_DEFER;
 	if(ed->access == MOSQ_ACL_READ){
+		shared_check = origin_shared_check(ed->client, ed->topic);
 		/* a message re-injected by .fwd never goes to a shared subscription (origin.c) */
 		if(origin_read_denied(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos,
-					ed->retain)){
+					ed->retain, shared_check)){
 			return MOSQ_ERR_ACL_DENIED;
 		}
 		/* catch-up: note the routing; the control connection's `#` only observes (recent.c) */
@@ -463,8 +464,8 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}
 	if(ed->access == MOSQ_ACL_READ && mosquitto__get_state
 			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
-			&& hold_refuses(mosquitto_client_id(ed->client), ed->topic, ed->payload,
-				ed->payloadlen, ed->qos)){
+			&& hold_refuses(mosquitto_client_id(ed->client), shared_check, ed->topic,
+				ed->payload, ed->payloadlen, ed->qos)){
 		/* An offline session the sidecar holds queues nothing (`hold`): its client is
 		 * served by another node, or a shadow made it here ahead of its client, while the
 		 * node the client comes from still queues for it (and hands that over: never

@@ -45,6 +45,28 @@ def test_a_plain_hold_queues_nothing_and_release_queues_again(broker, sidecar, c
     assert [m.payload for m in got] == [b"c"]  # a plain hold keeps nothing to replay
 
 
+def test_a_plain_hold_takes_its_shared_groups_picks(broker, sidecar, client_factory):
+    """A group's message reaches one member cluster-wide, and Mosquitto drops it when its pick
+    is refused: a held copy (its client on its way here, or its queue about to be drained)
+    takes what its groups pick it for, plain subscriptions' messages it refuses. QoS 0 and 2
+    go the same way; a ring hold (a replica) refuses them all."""
+    c = client_factory("member", session_expiry=300, clean_start=False)
+    c.connect()
+    c.subscribe("$share/g/hs/jobs", 2)
+    c.subscribe("hs/#", 2)       # matches the jobs too: checked first, refused
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="member")
+    assert sidecar.call("hold", client="member", on=True)["ok"] is True
+    _publish(client_factory, "hs/jobs", ["j1", "j2"])
+    _publish(client_factory, "hs/jobs", ["j3"], qos=2)
+    _publish(client_factory, "hs/other", ["o1"])
+    assert sidecar.call("hold", client="member", on=True, ring=True)["ok"] is True
+    _publish(client_factory, "hs/jobs", ["r1"])
+    assert sidecar.call("hold", client="member", on=False)["ok"] is True
+    got = _resume(client_factory, "member", "hs/jobs", 3)
+    assert sorted(m.payload for m in got) == [b"j1", b"j2", b"j3"]
+
+
 def test_a_ring_hold_replays_what_it_refused_since_then_in_order(broker, sidecar,
                                                                   client_factory):
     _sleeper(client_factory, sidecar, "replica", "h/ring")
