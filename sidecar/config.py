@@ -218,7 +218,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                      " survivor publishes its clients' wills"),
     },
     "routing": {
-        "forward_shards": Key(int, 1, _between(1, MAX_SHARDS), "connections that hold the"
+        "forward_shards": Key(int, 4, _between(1, MAX_SHARDS), "connections that hold the"
                               " forwarding subscriptions (peers' interest) on the local"
                               " Mosquitto, each filter on one by a hash: Mosquitto's cost"
                               " per subscription grows with those its client holds (1: the"
