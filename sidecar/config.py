@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.broker.conf import DEFAULT_MESSAGE_SIZE_LIMIT, MAX_MESSAGE_SIZE_LIMIT
+from sidecar.local.shards import MAX_SHARDS
 
 
 class ConfigError(ValueError):
@@ -215,6 +216,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "grace": Key(float, 3.0, _positive, "seconds a node's peer streams must have been down,"
                      " after its etcd lease expired, before it is confirmed dead and one"
                      " survivor publishes its clients' wills"),
+    },
+    "routing": {
+        "forward_shards": Key(int, 1, _between(1, MAX_SHARDS), "connections that hold the"
+                              " forwarding subscriptions (peers' interest) on the local"
+                              " Mosquitto, each filter on one by a hash: Mosquitto's cost"
+                              " per subscription grows with those its client holds (1: the"
+                              " one forwarding connection; a change starts them afresh)"),
     },
     "catchup": {
         "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"

@@ -31,9 +31,14 @@ class Confirmations:
             self._done.append(fp)
             self.confirmed += 1
 
-    def reset(self) -> None:
-        """The forwarding client's session is new: nothing taken before will be acked."""
-        self._by_mid.clear()
+    def reset(self, mids: range | None = None) -> None:
+        """A forwarding connection's session is new: nothing it took before will be acked
+        (`mids`: the packet ids of that connection, sidecar.local.shards; None: all)."""
+        if mids is None:
+            self._by_mid.clear()
+        else:
+            for mid in [m for m in self._by_mid if m in mids]:
+                del self._by_mid[mid]
         self._done.clear()
 
     def take(self) -> list[int]:

@@ -29,7 +29,8 @@ from typing import Any
 
 from sidecar.journal.confirmations import Confirmations
 from sidecar.journal.record import FILE_PREFIX, FILE_SUFFIX, JournalEntry, pack_fingerprints, parse
-from sidecar.local.forward_client import ForwardClient, to_paho_properties
+from sidecar.local.forward_client import to_paho_properties
+from sidecar.local.forward_shards import ForwardShards
 from sidecar.local.link import LocalLink
 
 log = logging.getLogger("mqfed.journal")
@@ -48,7 +49,7 @@ SUBSCRIBED_TIMEOUT = 30.0
 class JournalService:
     """Confirmations to the plugin, replays of dead runs' journals."""
 
-    def __init__(self, directory: Path, link: LocalLink, fwd: ForwardClient) -> None:
+    def __init__(self, directory: Path, link: LocalLink, fwd: ForwardShards) -> None:
         self.directory = directory
         self.link = link
         self.fwd = fwd
@@ -56,8 +57,8 @@ class JournalService:
         fwd.confirmations = self.confirmations
         routing_connected = fwd.on_connected
 
-        def on_connected(session_present: bool) -> None:
-            routing_connected(session_present)  # first: it issues the forwarding subscriptions
+        def on_connected(session_present: bool, shard: int = 0) -> None:
+            routing_connected(session_present, shard)  # first: it issues the subscriptions
             self.replay_soon()
 
         fwd.on_connected = on_connected

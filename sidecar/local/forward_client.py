@@ -49,6 +49,7 @@ from sidecar.local.reinjection import (
     backoff,
     reason_name,
 )
+from sidecar.local.shards import MID_BITS, mid_range
 from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import LocalCopy
 
@@ -110,11 +111,17 @@ class ForwardClient:
                  on_copies: Callable[[list[LocalCopy]], None],
                  on_published: Callable[[list[int]], None],
                  on_connected: Callable[[bool], None], receive_maximum: int = 20,
-                 max_queued: int = 0) -> None:
+                 max_queued: int = 0, mid_base: int = 0, clean_start: bool = False) -> None:
         """`receive_maximum`: copies Mosquitto may have in flight to us (see
         `sidecar.broker.conf.forward_receive_maximum`); `max_queued`: Mosquitto's
-        `max_queued_messages`, named in the log when Mosquitto drops copies."""
+        `max_queued_messages`, named in the log when Mosquitto drops copies; `mid_base`:
+        added to the packet id of every copy handed over (and taken off in `ack`): a shard's
+        copies are told apart from the other shards' (sidecar.local.shards); `clean_start`:
+        the first connect starts a new session (the shards were laid out differently)."""
         self.socket_path = socket_path
+        self.client_id = client_id
+        self.mid_base = mid_base
+        self._clean_start = clean_start
         self.receive_maximum = receive_maximum
         self.max_queued = max_queued
         self.tracker = CopyTracker()
@@ -178,7 +185,7 @@ class ForwardClient:
         self._run(self.window.on_connack(getattr(properties, "ReceiveMaximum", None)))
         self._ready.set()
         if self.confirmations is not None and not flags.session_present:
-            self.confirmations.reset()
+            self.confirmations.reset(mid_range(self.mid_base >> MID_BITS))
         self._loop.call_soon(self.on_connected, bool(flags.session_present))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
@@ -214,9 +221,9 @@ class ForwardClient:
             if verdict is Verdict.TAKE:
                 self.taken += msg.qos > 0  # the plugin counts QoS > 0 copies routed to us
                 if msg.qos and self.confirmations is not None:
-                    self.confirmations.on_copy(msg.mid, msg.topic, msg.payload)
-                self._copies.append(LocalCopy(msg.mid, msg.topic, msg.payload, msg.qos,
-                                              msg.retain, msg.properties,
+                    self.confirmations.on_copy(self.mid_base + msg.mid, msg.topic, msg.payload)
+                self._copies.append(LocalCopy(self.mid_base + msg.mid, msg.topic, msg.payload,
+                                              msg.qos, msg.retain, msg.properties,
                                               msg.subscription_ids))
                 self._schedule()
             elif verdict is Verdict.REACK:
@@ -431,7 +438,9 @@ class ForwardClient:
         props.ReceiveMaximum = self.receive_maximum
         self._driver = LoopDriver(self._client, self._loop)
         self._driver.after_read = self._flush
-        self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=False,
+        # a clean start applies to the first connect only: paho's reconnects keep the session
+        clean = mqtt.MQTT_CLEAN_START_FIRST_ONLY if self._clean_start else False
+        self._client.connect(str(self.socket_path), port=1883, keepalive=30, clean_start=clean,
                              properties=props)
         self._driver.start()
         await asyncio.wait_for(self._ready.wait(), timeout)
@@ -469,10 +478,12 @@ class ForwardClient:
             self.subscribe_packets += 1
 
     def ack(self, mid: int, qos: int) -> None:
-        """Accept a received copy: PUBACK, or PUBREC at QoS 2 (`LeanClient.ack`)."""
+        """Accept a received copy (`mid` as handed over: `mid_base` + its packet id): PUBACK,
+        or PUBREC at QoS 2 (`LeanClient.ack`)."""
         if qos > 0:
-            self.tracker.on_ack(mid)
-            self._client.ack(mid, qos)
+            packet_id = mid - self.mid_base
+            self.tracker.on_ack(packet_id)
+            self._client.ack(packet_id, qos)
             if self.confirmations is not None:
                 self.confirmations.on_ack(mid)
 

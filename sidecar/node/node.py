@@ -27,7 +27,7 @@ from sidecar.drain.service import DrainService
 from sidecar.journal.service import JournalService
 from sidecar.local.event_stream import EventStream
 from sidecar.local.events import Event, ProtocolError, RetainedSeen, Snapshot
-from sidecar.local.forward_client import ForwardClient
+from sidecar.local.forward_shards import ForwardShards
 from sidecar.local.link import LocalLink
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID, sidecar_client_id
 from sidecar.membership.etcd import EtcdMembership
@@ -261,9 +261,11 @@ class Node:
         max_queued = max_queued_messages(cfg)
         window = broker_conf.forward_receive_maximum(max_queued)
 
-        def forward_client(**callbacks) -> ForwardClient:
-            return ForwardClient(socket_path, secret, sidecar_client_id(secret) + ".fwd",
-                                 receive_maximum=window, max_queued=max_queued, **callbacks)
+        def forward_client(**callbacks) -> ForwardShards:
+            return ForwardShards(socket_path, secret, sidecar_client_id(secret),
+                                 cfg["routing"]["forward_shards"], receive_maximum=window,
+                                 max_queued=max_queued,
+                                 layout_file=self.layout.run_dir / "forward-shards", **callbacks)
 
         return RoutingService(hello=hello, listen=cfg["grpc"]["listen"],
                               run_dir=self.layout.run_dir, table=self.table,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,21 +180,23 @@ class PluginSync:
                                 qos=env.qos, properties=env.properties,
                                 subscription=f"$share/{env.shared_group}/{env.shared_filter}")
 
-    def probe_forwarding(self) -> None:
-        """A targeted probe to the forwarding client shows copies Mosquitto dropped at the
-        tail of a burst (sidecar.local.midgaps)."""
-        self._spawn(self._probe())
+    def probe_forwarding(self, clients: Sequence[str]) -> None:
+        """A targeted probe to each of these forwarding connections shows copies Mosquitto
+        dropped at the tail of a burst (sidecar.local.midgaps)."""
+        for client in clients:
+            self._spawn(self._probe(client))
 
-    async def probe_with(self, token: bytes) -> None:
-        """A probe to the forwarding client carrying `token` (a barrier, see
+    async def probe_with(self, token: bytes, clients: Sequence[str]) -> None:
+        """A probe carrying `token` to each forwarding connection (a barrier, see
         `RoutingService.settle_to`); raises when the plugin refuses or does not answer."""
         assert self.link is not None
-        await self.link.request("deliver", client=self.link.client_id + ".fwd",
-                                topic=PROBE_TOPIC, payload=token, qos=1)
+        link = self.link
+        await asyncio.gather(*(link.request("deliver", client=client, topic=PROBE_TOPIC,
+                                            payload=token, qos=1) for client in clients))
 
-    async def _probe(self) -> None:
+    async def _probe(self, client: str) -> None:
         try:
-            await self.probe_with(b"")
+            await self.probe_with(b"", [client])
         except (LinkError, CommandFailed) as exc:
             log.debug("forwarding probe failed", extra={"error": str(exc)})
 

@@ -32,7 +32,7 @@ from sidecar.routing.interest import InterestAction, LocalSubscribe
 from sidecar.routing.table import InterestKey
 
 if TYPE_CHECKING:
-    from sidecar.local.forward_client import ForwardClient
+    from sidecar.local.forward_shards import ForwardShards
     from sidecar.peering.outbound import OutboundQueue
     from sidecar.routing.forwarder import Forwarder
     from sidecar.routing.interest import RemoteInterest
@@ -58,7 +58,7 @@ class CatchUpWiring:
     remote: RemoteInterest
     table: SubscriptionTable
     forwarder: Forwarder
-    forward_client: ForwardClient
+    forward_client: ForwardShards
     commands: Any  # service.PluginCommands (its `catchup`)
     queues: dict[str, OutboundQueue]
     _run_forward: Callable[..., None]

@@ -257,14 +257,16 @@ class Forwarder:
             del self._shared[key]
         return self.on_settled(peer, self.waiting_for(peer))
 
-    def forget_local_acks(self) -> int:
+    def forget_local_acks(self, mids: range | None = None) -> int:
         """The local session was lost (Mosquitto restarted): pending acks name packet ids of a
-        connection that no longer exists and must never be sent on the new one. Peers still
+        connection that no longer exists and must never be sent on the new one (`mids`: the
+        copies' ids of that connection, sidecar.local.shards; None: every one). Peers still
         settle the seqs; nothing is acked locally for them. Returns how many were dropped."""
-        dropped = self.pending
-        for pending in self._pending.values():
+        dropped = {id(p): p for p in self._pending.values()
+                   if p.mid >= 0 and (mids is None or p.mid in mids)}
+        for pending in dropped.values():
             pending.mid = -1
-        return dropped
+        return len(dropped)
 
     def waiting_for(self, peer: str) -> list[int]:
         """Seqs whose local ack still waits for `peer`, oldest first."""

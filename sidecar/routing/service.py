@@ -14,7 +14,7 @@ import gc
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,8 +23,9 @@ from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock, MessageId
 from sidecar.local.events import CommandFailed, RetainedSeen
-from sidecar.local.forward_client import ForwardClient
+from sidecar.local.forward_shards import ForwardShards
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
+from sidecar.local.shards import mid_range
 from sidecar.message import publish_problem
 from sidecar.observability.hops import HopRecorder, hops_folder
 from sidecar.observability.latency import LatencyHistogram
@@ -95,11 +96,12 @@ class PluginCommands(Protocol):
     async def deliver(self, client: str, env: Envelope) -> None:
         """Deliver to one local client; raises when the plugin refuses or does not answer."""
 
-    def probe_forwarding(self) -> None:
-        """Send the forwarding client a probe (sidecar.local.midgaps)."""
+    def probe_forwarding(self, clients: Sequence[str]) -> None:
+        """Send these forwarding connections a probe (sidecar.local.midgaps)."""
 
-    async def probe_with(self, token: bytes) -> None:
-        """Send the forwarding client a probe carrying `token` (a barrier)."""
+    async def probe_with(self, token: bytes, clients: Sequence[str]) -> None:
+        """Send every forwarding connection in `clients` a probe carrying `token` (a
+        barrier)."""
 
     def report_pressure(self, report: Report,
                         on_reply: Callable[[dict[str, Any]], None]) -> None:
@@ -128,7 +130,7 @@ class RoutingService(CatchUpWiring):
     """Interest exchange, forwarding and re-injection for one node."""
 
     def __init__(self, *, hello: Hello, listen: str, run_dir: Path, table: SubscriptionTable,
-                 make_forward_client: Callable[..., ForwardClient],
+                 make_forward_client: Callable[..., ForwardShards],
                  commands: PluginCommands,
                  read_retained: ReadRetained | None = None,
                  tombstone_grace: float = TOMBSTONE_GRACE, peer_token: str = "",
@@ -491,14 +493,22 @@ class RoutingService(CatchUpWiring):
             i = j
 
     # ---- origin side -----------------------------------------------------------------------
-    def _on_fwd_connected(self, session_present: bool) -> None:
+    def _on_fwd_connected(self, session_present: bool, shard: int = 0) -> None:
+        """A forwarding connection (`shard`, sidecar.local.forward_shards) is up; without its
+        session: its copies' acks are void and its subscriptions are made again."""
         if not session_present:
-            dropped = self.forwarder.forget_local_acks()
+            dropped = self.forwarder.forget_local_acks(mid_range(shard))
             if dropped:
                 log.warning("local session lost; pending local acks dropped",
-                            extra={"count": dropped})
-            self._issue(list(self.remote.subscriptions()))
-            self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
+                            extra={"count": dropped, "shard": shard})
+            subs = list(self.remote.subscriptions())
+            if shard == 0 and len(getattr(self.forward_client, "shards", ())) <= 1:
+                self._issue(subs)
+            else:
+                self.forward_client.subscribe_many([(a.filter, a.subscription_id, a.no_local)
+                                                    for a in subs], shard=shard)
+            if shard == 0:
+                self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
 
     @property
     def counters(self) -> dict[str, int]:
@@ -805,7 +815,7 @@ class RoutingService(CatchUpWiring):
         token = f"barrier-{next(self._barriers)}".encode()
         probed = self.forward_client.expect_probe(token)
         try:
-            await self.commands.probe_with(token)
+            await self.commands.probe_with(token, self.forward_client.client_ids)
             await asyncio.wait_for(probed, timeout)
         except Exception as exc:  # the plugin did not answer, or the probe was lost
             probed.cancel()
@@ -858,8 +868,9 @@ class RoutingService(CatchUpWiring):
         to the plugin (sidecar.local.pressure)."""
         if self.catchup.waiting:
             self._run_catch_up(self.catchup.on_timer(now))
-        if self.forward_client.wants_probe():
-            self.commands.probe_forwarding()
+        due = self.forward_client.due_probes()
+        if due:
+            self.commands.probe_forwarding(due)
         if not self.commands.connected:
             return
         unacked, taken = self.forward_client.backlog()

@@ -25,3 +25,13 @@ def test_a_new_session_forgets_what_was_taken():
     c.reset()
     c.on_ack(2)
     assert c.take() == [] and c.waiting == 0
+
+
+def test_a_shard_s_new_session_forgets_only_its_copies():
+    c = Confirmations()
+    c.on_copy(5, "t/a", b"x")  # shard 0
+    c.on_copy(65536 + 5, "t/b", b"y")  # shard 1, the same packet id
+    c.reset(range(65536, 2 * 65536))
+    c.on_ack(65536 + 5)
+    c.on_ack(5)
+    assert c.take() == [fingerprint("t/a", b"x")] and c.waiting == 0

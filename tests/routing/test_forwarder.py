@@ -166,3 +166,14 @@ def test_shared_delivery_settled_as_durable_is_still_rerouted_when_rejected():
     assert isinstance(moved, QueueEnvelope) and moved.peer != first.peer
     assert moved.envelope.payload == b"z"
     assert fwd.on_settled(moved.peer, [moved.envelope.origin_seq]) == []
+
+
+def test_a_shard_s_lost_session_forgets_only_its_copies_acks():
+    """Copies of forwarding shard 1 carry ids 65536 + packet id (sidecar.local.shards): a
+    new session of shard 1 voids its acks, shard 0's still go out."""
+    fwd, sids = _setup(n2=["t", "u"])
+    fwd.on_copy(LocalCopy(41, "t", b"", 1, False, subscription_ids=(sids["t"],)), 1)
+    fwd.on_copy(LocalCopy(65536 + 41, "u", b"", 1, False, subscription_ids=(sids["u"],)), 1)
+    assert fwd.forget_local_acks(range(65536, 2 * 65536)) == 1
+    assert fwd.on_settled("n2", [1, 2]) == [AckLocal(41, 1)]
+    assert fwd.pending == 0

@@ -340,10 +340,12 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
 		reply_error(rq, "bad_request");
 		return;
 	}
-	/* the forwarding connection takes probes: their packet id follows every copy routed to it
-	 * before, so a gap before a probe shows copies Mosquitto dropped (docs/plugin-protocol.md) */
+	/* the forwarding connections take probes: their packet id follows every copy routed to
+	 * one before, so a gap before a probe shows copies Mosquitto dropped (docs/plugin-protocol.md);
+	 * `.fwd` while connected, a shard `.fwd<k>` whenever (its session queues it) */
 	c = model_find(client);
-	if(c == NULL && !(sidecar_fwd_conn() != NULL && streq(client, sidecar_fwd_id()))){
+	if(c == NULL && !(sidecar_fwd_conn() != NULL && streq(client, sidecar_fwd_id()))
+			&& sidecar_fwd_shard(client) <= 0){
 		reply_error(rq, "unknown_client");
 		return;
 	}

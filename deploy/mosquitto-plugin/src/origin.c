@@ -52,6 +52,15 @@
  * messages; any READ check on .fwd (live or offline session) for its own message is a shared
  * membership (No Local is forbidden there): denied.
  *
+ * The forwarding shards (`.fwd<k>`, sidecar.c): more connections holding forwarding
+ * subscriptions, never publishing. No Local is about the publisher's own subscriptions, so it
+ * does not keep .fwd's re-injections away from them: every READ check on a shard (live or
+ * offline session) for a message of .fwd is denied here, plain or shared, whatever its QoS
+ * (QoS 2: at its PUBREL, by the `fwd_q2` entry), or the message would be forwarded back to the
+ * peers (a loop). Failing open here (an entry forgotten early: cap, age) means one such copy:
+ * the sidecar forwards it once (as a new message of this node), so that is a duplicate, not a
+ * loop, unless it fails open again on the other side.
+ *
  * Publishes of .fwd with retain=1 (replicated retained messages) are covered too: their routing
  * is the same. Later deliveries of the stored retained message are untouched: each follows a
  * SUBSCRIBE check (which clears `fwd_cur`, and a QoS 2 entry was dropped after its routing or
@@ -244,7 +253,6 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 {
 	const struct fwd_fp *fp = NULL;
 	struct fwd_q2 *e = NULL;
-	const char *id;
 	bool to_fwd;
 
 	(void)retain;
@@ -265,8 +273,7 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 		return false;
 	}
 
-	id = mosquitto_client_id(client);
-	to_fwd = client == sidecar_fwd_conn() || streq(id, sidecar_fwd_id());
+	to_fwd = sidecar_is_fwd(client);
 	if(!to_fwd && !shared_check) return false; /* a plain subscription: routed as usual */
 	if(!fp_matches(fp, topic, payload, payloadlen, qos)) return false;
 	fwd_denied++;

@@ -338,13 +338,14 @@ static bool reserved(const char *topic)
 		|| topic_in_subtree(topic, "$CONTROL/mqfed");
 }
 
-/* The forwarding connection or its offline session (given is_sidecar). */
+/* A forwarding connection (`.fwd` or a shard) or its offline session (given is_sidecar). */
 static bool is_fwd(struct mosquitto *client)
 {
-	return client == sidecar_fwd_conn() || streq(mosquitto_client_id(client), sidecar_fwd_id());
+	return sidecar_is_fwd(client);
 }
 
-/* What shed.c needs to know: the filters .fwd subscribes to, and the copies routed to it. */
+/* What shed.c needs to know: the filters the forwarding connections (.fwd and its shards)
+ * subscribe to, and the copies routed to them. */
 static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 {
 	if(ed->topic == NULL) return;
@@ -358,9 +359,11 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 			recent_fwd_filter(ed->topic, false);
 			break;
 		case MOSQ_ACL_READ:
-			/* not the re-check of its queued messages while .fwd connects (state not yet
-			 * active, handle_connect.c): those were counted when they were routed */
-			if(ed->client == sidecar_fwd_conn() && mosquitto__get_state
+			/* not the re-check of its queued messages while a forwarding connection connects
+			 * (state not yet active, handle_connect.c): those were counted when they were
+			 * routed. A live shard is vouched for; its offline session is not. */
+			if((ed->client == sidecar_fwd_conn() || sidecar_vouched(ed->client))
+					&& mosquitto__get_state
 					&& mosquitto__get_state(ed->client) != MOSQ_CS_ACTIVE){
 				break;
 			}
@@ -436,7 +439,8 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	if(nested) return MOSQ_ERR_PLUGIN_DEFER;
 	if(ed->access == MOSQ_ACL_READ){
 		shared_check = origin_shared_check(ed->client, ed->topic);
-		/* a message re-injected by .fwd never goes to a shared subscription (origin.c) */
+		/* a message re-injected by .fwd never goes to a shared subscription nor to a
+		 * forwarding connection (origin.c) */
 		if(origin_read_denied(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos,
 					ed->retain, shared_check)){
 			return MOSQ_ERR_ACL_DENIED;
@@ -540,7 +544,9 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 			return MOSQ_ERR_AUTH;
 		}
 		sidecar_vouch(client);
-		if(streq(id, sidecar_fwd_id())){
+		if(sidecar_fwd_shard(id) > 0){
+			return MOSQ_ERR_SUCCESS; /* a forwarding shard: subscriptions only, vouched for */
+		}else if(streq(id, sidecar_fwd_id())){
 			sidecar_set_fwd_conn(client);
 			origin_fwd_auth(client);
 			shed_fwd_connected();
@@ -782,6 +788,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 		sidecar_set_fwd_conn(NULL);
 		return MOSQ_ERR_SUCCESS;
 	}
+	if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) > 0) return MOSQ_ERR_SUCCESS;
 	if(model_is_live(ed->client)
 			&& !streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
 		/* a client leaving (not a shadow): QoS 2 messages waiting for its PUBCOMP */

@@ -208,10 +208,6 @@ static struct entry *routing(const char *topic, const void *payload, uint32_t le
 	return e;
 }
 
-static bool is_fwd(struct mosquitto *client)
-{
-	return client == sidecar_fwd_conn() || streq(mosquitto_client_id(client), sidecar_fwd_id());
-}
 
 /* A READ check: note the routing it belongs to. True: refuse it (the control connection's,
  * whose `#` subscription only observes routings). */
@@ -231,7 +227,7 @@ bool recent_read(struct mosquitto *client, const char *topic, const void *payloa
 				if(e->qos == 2) e->at_ms = now_ms();
 				pending_drop(e);
 			}
-		}else if(!e->fwd && is_fwd(client)){
+		}else if(!e->fwd && sidecar_is_fwd(client)){
 			e->fwd = true;
 		}
 	}

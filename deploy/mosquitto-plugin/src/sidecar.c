@@ -1,7 +1,11 @@
-/* Who the sidecar is: its client id, that of its forwarding connection `<sidecar_id>.fwd`, the
- * live authenticated connection of each, and every connection that proved the sidecar's
- * identity (those two and its shadows: the secret, on the private unix-socket listener). Kept
- * apart so every module can ask without depending on plugin.c, which sets them. */
+/* Who the sidecar is: its client id, that of its forwarding connection `<sidecar_id>.fwd`
+ * (which also re-injects peers' messages) and of its forwarding shards `<sidecar_id>.fwd<k>`
+ * (k = 1 .. FWD_SHARDS_MAX - 1: more connections holding forwarding subscriptions, because
+ * Mosquitto's cost per subscription grows with the subscriptions one client holds), the live
+ * authenticated connection of the first two, and every connection that proved the sidecar's
+ * identity (those, the shards and its shadows: the secret, on the private unix-socket
+ * listener). Kept apart so every module can ask without depending on plugin.c, which sets
+ * them. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,15 +73,43 @@ const char *sidecar_fwd_id(void)
 	return id_fwd;
 }
 
+/* Which forwarding connection `id` names: 0 for `<sidecar_id>.fwd`, k for `<sidecar_id>.fwd<k>`
+ * (1 <= k < FWD_SHARDS_MAX, decimal without leading zero), -1 for any other id. */
+int sidecar_fwd_shard(const char *id)
+{
+	size_t n;
+	int k = 0;
+
+	if(id == NULL || id_fwd == NULL) return -1;
+	n = strlen(id_fwd);
+	if(strncmp(id, id_fwd, n) != 0) return -1;
+	id += n;
+	if(*id == '\0') return 0;
+	if(*id < '1' || *id > '9') return -1;
+	for(; *id; id++){
+		if(*id < '0' || *id > '9') return -1;
+		k = k * 10 + (*id - '0');
+		if(k >= FWD_SHARDS_MAX) return -1;
+	}
+	return k;
+}
+
+/* A forwarding connection (`.fwd` or a shard), live or its offline session (by its id). */
+bool sidecar_is_fwd(struct mosquitto *client)
+{
+	return client != NULL && (client == conn_fwd
+			|| sidecar_fwd_shard(mosquitto_client_id(client)) >= 0);
+}
+
 /* The sidecar's client ids: no other connection can get them (plugin.c refuses them without
  * the secret on the private listener, and denies every ACL check of one that got them where
  * Mosquitto asks no plugin: a TLS identity or PSK listener). */
 bool is_sidecar_id(const char *id)
 {
-	return id != NULL && (streq(id, id_main) || streq(id, id_fwd));
+	return id != NULL && (streq(id, id_main) || sidecar_fwd_shard(id) >= 0);
 }
 
-/* A client id no client but the sidecar may use: its own two, and any beginning with
+/* A client id no client but the sidecar may use: its own, and any beginning with
  * "mqfed-sidecar". */
 bool is_reserved_id(const char *id)
 {

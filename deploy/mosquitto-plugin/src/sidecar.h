@@ -1,15 +1,19 @@
-/* Who the sidecar is: its two client ids, their live connections, and the connections that
+/* Who the sidecar is: its client ids (control, forwarding and forwarding shards), their live connections, and the connections that
  * proved its identity (sidecar.c). */
 #ifndef MQFED_SIDECAR_H
 #define MQFED_SIDECAR_H
 
 #include "util.h"
 
+#define FWD_SHARDS_MAX 64 /* forwarding connections: `.fwd` and `.fwd1` .. `.fwd63` */
+
 int sidecar_init(const char *id, const char *private_socket);
 void sidecar_cleanup(void);
 const char *sidecar_id(void);
 const char *sidecar_fwd_id(void);
 bool is_sidecar_id(const char *id);
+int sidecar_fwd_shard(const char *id);
+bool sidecar_is_fwd(struct mosquitto *client);
 bool is_reserved_id(const char *id);
 bool sidecar_private(struct mosquitto *client);
 const char *sidecar_socket(void);

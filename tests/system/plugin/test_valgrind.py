@@ -156,6 +156,11 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
                             password=SECRET, clean_start=False, session_expiry=3600))
     fwd.connect(timeout=20)
     fwd.subscribe("$share/g/f/#", 2)
+    # a forwarding shard (`.fwd1`): ordinary messages only, never a re-injection
+    shard = clients(RawClient(SIDECAR_ID + ".fwd1", sock=b.sock, username=SIDECAR_USER,
+                              password=SECRET, clean_start=False, session_expiry=3600))
+    shard.connect(timeout=20)
+    shard.subscribe("f/#", 2, sub_id=7)
     member = client("vg-member")
     member.connect(timeout=20)
     member.subscribe("$share/g/f/#", 2, timeout=20)
@@ -176,6 +181,8 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert not [m for m in member.messages if m.payload != b"ordinary"]
     assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
         b"", b"q0", b"q1", b"q2"]
+    assert [m.payload for m in shard.messages] == [b"ordinary"]
+    shard.disconnect()  # its session stays
 
     # the journal: QoS 1 and 2 messages .fwd gets, one confirmed, a malformed confirmation,
     # the rest left live at shutdown (journal.c)
@@ -186,7 +193,8 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     fps = base64.b64encode(pack_fingerprints([fingerprint("j/1", b"0")])).decode()
     sc.send({"v": 1, "cmd": "confirm", "fps": fps})
     sc.send({"v": 1, "cmd": "confirm", "fps": "bad"})
-    assert sc.call("stats", timeout=20)["journal"]["live"] == 2
+    # (and "ordinary" on f/1: the shard's copy journaled it)
+    assert sc.call("stats", timeout=20)["journal"]["live"] == 3
 
     # overload shedding: a persistent publisher (its subscriptions are re-checked at the kick)
     # and a plain QoS 2 one are disconnected from inside the MESSAGE callback

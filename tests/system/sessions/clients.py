@@ -8,6 +8,7 @@ import time
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 
 class Device:
@@ -87,6 +88,15 @@ class Device:
         self.client.subscribe(topic, qos)
         assert done.wait(5), "no SUBACK"
         assert not any(getattr(rc, "is_failure", False) for rc in codes), codes
+
+    def subscribe_v5(self, filt: str, options: SubscribeOptions, identifier: int) -> None:
+        """One v5 subscription with its options and a Subscription Identifier."""
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = identifier
+        done = threading.Event()
+        self.client.on_subscribe = lambda *a: done.set()
+        self.client.subscribe([(filt, options)], properties=props)
+        assert done.wait(5), "no SUBACK"
 
     def leave(self) -> None:
         self.client.disconnect()

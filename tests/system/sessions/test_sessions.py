@@ -252,14 +252,8 @@ def test_a_resumed_session_keeps_subscription_options_and_gets_no_retained_again
     retained.publish(f"{topic}/kept", "r", qos=1, retain=True).wait_for_publish(5)
     dev = Device(f"dev-{time.time_ns()}")
     dev.connect(cluster.ports["n1"], clean=True)
-    props = Properties(PacketTypes.SUBSCRIBE)
-    props.SubscriptionIdentifier = 42
-    done = threading.Event()
-    dev.client.on_subscribe = lambda *a: done.set()
-    dev.client.subscribe([(f"{topic}/#", SubscribeOptions(qos=1, noLocal=True,
-                                                         retainAsPublished=True))],
-                         properties=props)
-    assert done.wait(5)
+    dev.subscribe_v5(f"{topic}/#", SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True),
+                     42)
     assert [m.topic for m in dev.wait_messages(1)] == [f"{topic}/kept"]
     cluster.wait_interest("n1", f"{topic}/#")
     dev.leave()
@@ -326,15 +320,16 @@ def test_a_persistent_shared_subscriber_gets_every_message_of_its_group(shared_c
     not: the client got 15 of every 30, from every node."""
     cluster = shared_cluster
     topic = f"shared/persistent/{time.time_ns()}"
-
-    def replicas() -> int:
-        return sum((cluster.state(n).get("cluster_sessions") or {}).get("replicas", 0)
-                   for n in ("n1", "n2", "n3"))
-    before = replicas()
     dev = Device(f"shp-{time.time_ns()}")
+
+    def replicated() -> bool:
+        out = mqfed("ctl", "--run-dir", str(cluster.run_dir), "sessions", "--client",
+                    dev.client_id, "--json")
+        return out.returncode == 0 and any(s["here"].startswith("replica")
+                                           for s in json.loads(out.stdout)["sessions"])
     dev.connect(cluster.ports["n1"], clean=True)
     dev.subscribe(f"$share/workers/{topic}", 1)
-    wait_for(lambda: replicas() > before, 10, "the session's replica")
+    wait_for(replicated, 10, "the session's replica")
     time.sleep(0.5)  # every peer's interest settled
     for i, node in enumerate(("n1", "n2", "n3")):
         publish(cluster.ports[node], topic, 30, start=100 * i)
@@ -354,13 +349,7 @@ def test_a_shared_subscriptions_identifier_and_options_follow_the_session(shared
     topic = f"shopts/{time.time_ns()}"
     dev = Device(f"shdev-{time.time_ns()}")
     dev.connect(cluster.ports["n1"], clean=True)
-    props = Properties(PacketTypes.SUBSCRIBE)
-    props.SubscriptionIdentifier = 43
-    done = threading.Event()
-    dev.client.on_subscribe = lambda *a: done.set()
-    dev.client.subscribe([(f"$share/grp/{topic}", SubscribeOptions(qos=1, retainAsPublished=True))],
-                         properties=props)
-    assert done.wait(5)
+    dev.subscribe_v5(f"$share/grp/{topic}", SubscribeOptions(qos=1, retainAsPublished=True), 43)
     dev.leave()
     time.sleep(0.5)  # the options reach the registry everywhere
 
