@@ -29,6 +29,9 @@ __all__ = [
 MAX_LENGTH = 65_535
 """Longest topic name or filter, in UTF-8 bytes."""
 
+MAX_SUBSCRIPTION_ID = 268_435_455
+"""Largest MQTT v5 subscription identifier (variable byte integer)."""
+
 SHARE_PREFIX = "$share/"
 
 

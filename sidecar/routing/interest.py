@@ -30,6 +30,7 @@ from sidecar.routing.local_interest import InterestDelta, InterestSnapshot, Loca
 from sidecar.routing.shared import RoundRobin
 from sidecar.routing.table import InterestKey
 from sidecar.topics import (
+    MAX_SUBSCRIPTION_ID,
     SHARE_PREFIX,
     TopicError,
     TopicTrie,
@@ -57,9 +58,6 @@ __all__ = [
     "RequestSnapshot",
     "SharedDelivery",
 ]
-
-MAX_SUBSCRIPTION_ID = 268_435_455
-"""Largest MQTT v5 subscription identifier (variable byte integer)."""
 
 RETIRED_SHARED = 4096
 """Given-up shared subscription ids remembered for copies still on their way (`_retired`)."""
@@ -656,9 +654,8 @@ class RemoteInterest:
         return sid in self._singles or sid in self._groups
 
     def _allocate(self) -> int:
-        if self._top_sid < MAX_SUBSCRIPTION_ID:
+        if self._top_sid < MAX_SUBSCRIPTION_ID:  # (never a retired id: `_drop_union`)
             self._top_sid += 1
-            self._retired.pop(self._top_sid, None)
             return self._top_sid
         sid = 1
         while self._in_use(sid):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from sidecar.topics import SHARE_PREFIX
+
 NEVER = 0xFFFFFFFF
 """Session Expiry Interval meaning "never" (MQTT v5; what Mosquitto reports for 3.1.x
 clean session 0)."""
@@ -99,21 +101,18 @@ class SessionRecord:
         return self.since_ms + self.expiry * 1000
 
 
-SHARED_PREFIX = "$share/"
-
-
 def replica_subscriptions(subscriptions: dict[str, int]) -> dict[str, int]:
     """What a replica of a session subscribes to: its subscriptions but the shared ones. A
     replica held while its client is online elsewhere would be a member of the client's
     shared groups on its node: its Mosquitto would pick it for a share of the group's
     messages (and refuse them, or queue them where the client is not), and peers would route
     a share there. Both lost half of a persistent shared subscriber's messages."""
-    return {f: v for f, v in subscriptions.items() if not f.startswith(SHARED_PREFIX)}
+    return {f: v for f, v in subscriptions.items() if not f.startswith(SHARE_PREFIX)}
 
 
 def shared_subscriptions(subscriptions: dict[str, int]) -> dict[str, int]:
     """The shared ones (what a replica lacks until it becomes the session)."""
-    return {f: v for f, v in subscriptions.items() if f.startswith(SHARED_PREFIX)}
+    return {f: v for f, v in subscriptions.items() if f.startswith(SHARE_PREFIX)}
 
 
 def newer(a: SessionRecord, b: SessionRecord | None) -> bool:

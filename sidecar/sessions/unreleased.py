@@ -12,10 +12,10 @@ from typing import Any
 
 from sidecar.local.events import deliver_item, properties_from_json
 from sidecar.message import MessageProperties
+from sidecar.topics import MAX_SUBSCRIPTION_ID
 
-SUBSCRIPTION_ID_MAX = 268_435_455
 SUBSCRIPTION_IDS_MAX = 64
-"""The plugin's bounds on a delivered message's Subscription Identifiers (util.c)."""
+"""Most Subscription Identifiers the plugin takes for one delivered message (util.c)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def problem(u: Unreleased) -> str | None:
     if not u.topic:
         return "empty topic"
     if len(u.subscription_ids) > SUBSCRIPTION_IDS_MAX or not all(
-            1 <= s <= SUBSCRIPTION_ID_MAX for s in u.subscription_ids):
+            1 <= s <= MAX_SUBSCRIPTION_ID for s in u.subscription_ids):
         return f"subscription identifiers {list(u.subscription_ids)[:4]} out of range"
     return None
 

@@ -11,7 +11,7 @@ from sidecar.peering.envelopes import decode_envelope, encode_envelope
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions.record import SessionRecord, Subscription
 from sidecar.sessions.unreleased import Unreleased
-from sidecar.topics import TopicError, mqtt_string_problem, validate_filter
+from sidecar.topics import MAX_SUBSCRIPTION_ID, TopicError, mqtt_string_problem, validate_filter
 
 RECORDS_PER_FRAME = 500
 
@@ -32,7 +32,6 @@ def _subscription(filter: str, s: Subscription) -> peer_pb2.SessionSubscription:
 
 
 PROTOCOLS = ("mqtt31", "mqtt311", "mqtt5", "")  # "" in records of older peers: mqtt5
-MAX_SUBSCRIPTION_ID = 268_435_455  # MQTT 5's Variable Byte Integer maximum
 
 
 def record_problem(m: peer_pb2.SessionRecord) -> str | None:

@@ -56,9 +56,11 @@ class Replicated(Cluster):
             self.run(k, reg.on_tick(self.now))
 
 
-def online_with_replica(c: Replicated) -> str:
+def online_with_replica(c: Replicated, filters: tuple[str, ...] = ("a/#",)) -> str:
+    """`dev` online on n1 subscribed to `filters` (QoS 1), its replica made; returns where."""
     c.connect("n1", "dev")
-    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
+    for f in filters:
+        c.run("n1", c.nodes["n1"].on_subscribe("dev", f, 1, c.now))
     rep = c.replica_of("dev", "n1")
     for node in c.nodes:
         c.finish(node)
@@ -342,23 +344,12 @@ def test_a_client_stays_denied_on_its_replica_node_while_the_replica_is_deleted(
     assert "dev" in c.nodes[rep].denied and not c.take(rep, Admit)
 
 
-def online_with_a_shared_subscription(c: Replicated) -> str:
-    """`dev` online on n1 with `a/#` and `$share/g/jobs/#`, its replica made; returns where."""
-    c.connect("n1", "dev")
-    c.run("n1", c.nodes["n1"].on_subscribe("dev", "a/#", 1, c.now))
-    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/g/jobs/#", 1, c.now))
-    rep = c.replica_of("dev", "n1")
-    for node in c.nodes:
-        c.finish(node)
-    return rep
-
-
 def test_a_replica_makes_no_shared_subscription_and_ignores_their_changes():
     """A replica held while its client is online would be a member of the client's shared
     groups on its node: its Mosquitto would pick it for a share of the messages and peers
     would route a share there (half of them lost for the client). It makes none."""
     c = Replicated()
-    rep = online_with_a_shared_subscription(c)
+    rep = online_with_replica(c, ("a/#", "$share/g/jobs/#"))
     assert c.nodes[rep].replica["dev"][1] == frozenset({("a/#", 1)})
     c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/h/x", 2, c.now))
     c.run("n1", c.nodes["n1"].on_unsubscribe("dev", "$share/g/jobs/#", c.now))
@@ -367,7 +358,7 @@ def test_a_replica_makes_no_shared_subscription_and_ignores_their_changes():
 
 def test_a_promoted_replica_makes_the_shared_subscriptions_before_its_client_resumes():
     c = Replicated()
-    rep = online_with_a_shared_subscription(c)
+    rep = online_with_replica(c, ("a/#", "$share/g/jobs/#"))
     c.disconnect("n1", "dev")
     c.kill("n1")
     c.tick(1_500)
@@ -386,11 +377,7 @@ def test_a_promoted_replica_makes_the_shared_subscriptions_before_its_client_res
 
 def test_an_adopted_replica_makes_the_shared_subscriptions_too():
     c = Replicated()
-    c.connect("n1", "dev")
-    c.run("n1", c.nodes["n1"].on_subscribe("dev", "$share/g/jobs/#", 1, c.now))
-    rep = c.replica_of("dev", "n1")
-    for node in c.nodes:
-        c.finish(node)
+    rep = online_with_replica(c, ("$share/g/jobs/#",))
     c.disconnect("n1", "dev")
     c.take(rep, Hold)
     c.now += 100

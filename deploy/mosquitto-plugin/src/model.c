@@ -59,6 +59,7 @@ struct pending {
 static struct client *clients;
 static unsigned n_online;
 static uint64_t n_subs;
+static uint64_t n_shared; /* of which $share/<group>/..., over every client */
 static struct pending *pendings;
 static uint64_t pending_order;
 /* the connection being kicked (model_kick) */
@@ -104,6 +105,11 @@ unsigned model_online(void)
 uint64_t model_subscriptions(void)
 {
 	return n_subs;
+}
+
+uint64_t model_shared_subscriptions(void)
+{
+	return n_shared;
 }
 
 const char *model_client_id(const struct client *c)
@@ -210,6 +216,7 @@ static void client_clear_subs(struct client *c)
 		free(s);
 	}
 	n_subs -= c->sub_count;
+	n_shared -= c->shared_count;
 	c->sub_count = 0;
 	c->shared_count = 0;
 }
@@ -247,6 +254,7 @@ void model_cleanup(void)
 	}
 	n_online = 0;
 	n_subs = 0;
+	n_shared = 0;
 	pending_order = 0;
 	kicking = NULL;
 }
@@ -540,7 +548,10 @@ void model_subscribe(struct client *c, const char *filter, uint8_t qos)
 		s->qos = qos;
 		HASH_ADD_KEYPTR(hh, c->subs, s->filter, strlen(s->filter), s);
 		c->sub_count++;
-		if(strncmp(filter, "$share/", 7) == 0) c->shared_count++;
+		if(strncmp(filter, "$share/", 7) == 0){
+			c->shared_count++;
+			n_shared++;
+		}
 		n_subs++;
 	}
 	ev = ev_new("subscribe");
@@ -585,7 +596,10 @@ void model_unsubscribe(struct client *c, const char *filter)
 	HASH_FIND_STR(c->subs, filter, s);
 	if(s == NULL) return; /* it had no such subscription: nothing changes */
 	HASH_DEL(c->subs, s);
-	if(strncmp(s->filter, "$share/", 7) == 0) c->shared_count--;
+	if(strncmp(s->filter, "$share/", 7) == 0){
+		c->shared_count--;
+		n_shared--;
+	}
 	free(s->filter);
 	free(s);
 	c->sub_count--;

@@ -24,6 +24,7 @@ struct client *model_next(struct client *c);
 unsigned model_sessions(void);
 unsigned model_online(void);
 uint64_t model_subscriptions(void);
+uint64_t model_shared_subscriptions(void); /* $share/... ones, over every client */
 const char *model_client_id(const struct client *c);
 bool model_client_online(const struct client *c);
 struct mosquitto *model_client_conn(const struct client *c);

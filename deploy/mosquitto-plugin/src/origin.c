@@ -239,7 +239,7 @@ bool origin_shared_check(struct mosquitto *client, const char *topic)
 	struct client *c;
 	struct client_run *r;
 
-	if(topic == NULL) return false;
+	if(topic == NULL || model_shared_subscriptions() == 0) return false; /* (no lookup) */
 	c = model_find(mosquitto_client_id(client));
 	if(c == NULL || model_client_shared(c) == 0) return false;
 	r = model_client_run(c);

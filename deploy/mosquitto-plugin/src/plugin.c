@@ -338,12 +338,6 @@ static bool reserved(const char *topic)
 		|| topic_in_subtree(topic, "$CONTROL/mqfed");
 }
 
-/* A forwarding connection (`.fwd` or a shard) or its offline session (given is_sidecar). */
-static bool is_fwd(struct mosquitto *client)
-{
-	return sidecar_is_fwd(client);
-}
-
 /* What shed.c needs to know: the filters the forwarding connections (.fwd and its shards)
  * subscribe to, and the copies routed to them. */
 static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
@@ -453,7 +447,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		origin_event();
 	}
 	if(is_sidecar(ed->client)){
-		if(is_fwd(ed->client)) on_fwd_acl(ed);
+		if(sidecar_is_fwd(ed->client)) on_fwd_acl(ed);
 		else if(ed->access == MOSQ_ACL_SUBSCRIBE) recent_sidecar_checks();
 		return MOSQ_ERR_SUCCESS;
 	}

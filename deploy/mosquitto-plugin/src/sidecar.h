@@ -1,5 +1,5 @@
-/* Who the sidecar is: its client ids (control, forwarding and forwarding shards), their live connections, and the connections that
- * proved its identity (sidecar.c). */
+/* Who the sidecar is: its client ids (control, forwarding and forwarding shards), their live
+ * connections, and the connections that proved its identity (sidecar.c). */
 #ifndef MQFED_SIDECAR_H
 #define MQFED_SIDECAR_H
 
