@@ -248,12 +248,15 @@ class NodeCollector(Collector):
         for reason, n in (("qos0_stream_down", c["qos0_dropped"]),
                           ("unroutable", c["unroutable"]),
                           ("too_large", c["too_large"]),
-                          ("shared_no_member", c["shared_rejected"]),
+                          ("shared_no_member", c["shared_dropped"]),
                           ("mosquitto_overflow", fwd["lost"]),
                           *((f"queue_{k}", v) for k, v in sorted(queue_drops.items()))):
             dropped.add_metric([reason], n)
         yield from (sent, received, frames, nbytes, up, state, reconnects, qdepth, qbytes, qflight,
                     spilled, spilled_bytes, sframes, dropped)
+        yield CounterMetricFamily("mqfed_shared_repicked", "Shared deliveries from peers whose "
+                                  "member had left the group here: the origin picks again.",
+                                  value=c["shared_repicked"])
         yield CounterMetricFamily("mqfed_forwarded", "Local publishes forwarded to at least "
                                   "one peer.", value=r.forwarder.forwarded)
         yield CounterMetricFamily("mqfed_forward_resent", "Copies Mosquitto discarded for the "

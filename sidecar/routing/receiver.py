@@ -61,7 +61,7 @@ class Receiver:
     members: RoundRobin[str] = field(default_factory=RoundRobin)
     counters: dict[str, int] = field(default_factory=lambda: {
         "received": 0, "duplicates": 0, "reinjected": 0, "shared_delivered": 0,
-        "shared_rejected": 0, "invalid": 0})
+        "shared_repicked": 0, "shared_dropped": 0, "invalid": 0})
     ack_due: float | None = None
     """When the lingering acks must leave (None: none wait); call `on_timer` then."""
     _acks: dict[str, list[Ack]] = field(default_factory=dict)
@@ -114,8 +114,13 @@ class Receiver:
 
     def on_shared_result(self, peer: str, env: Envelope, delivered: bool,
                          now: float) -> list[Action]:
-        """A shared delivery's outcome: the origin is told (rejected: it picks again)."""
-        self.counters["shared_delivered" if delivered else "shared_rejected"] += 1
+        """A shared delivery's outcome: the origin is told (rejected: it picks again).
+
+        A rejected QoS 0 copy is not acknowledged, so nobody picks again: it is dropped."""
+        if delivered:
+            self.counters["shared_delivered"] += 1
+        else:
+            self.counters["shared_repicked" if env.qos else "shared_dropped"] += 1
         if not env.qos:
             return []
         return self._ack(peer, env.origin_incarnation, env.origin_seq,

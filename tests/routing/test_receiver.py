@@ -91,7 +91,9 @@ def test_shared_picks_rotate_over_members_and_a_failure_is_rejected_to_the_origi
     r.on_shared_result("n2", env(1, group="g"), True, 0.0)
     r.on_shared_result("n2", env(2, group="g"), False, 0.0)
     assert acks(r.on_timer(1.0)) == {"n2": [(7, 1, ACK_OK), (7, 2, ACK_REJECTED)]}
-    assert r.counters["shared_delivered"] == 1 and r.counters["shared_rejected"] == 1
+    r.on_shared_result("n2", env(3, group="g", qos=0), False, 0.0)
+    assert r.counters["shared_delivered"] == 1 and r.counters["shared_repicked"] == 1
+    assert r.counters["shared_dropped"] == 1  # QoS 0: not acknowledged, so nobody picks again
 
 
 def test_a_message_that_cannot_be_published_is_refused_and_not_resent():
