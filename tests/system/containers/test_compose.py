@@ -141,10 +141,6 @@ def test_compose_up_serves_mqtt_through_the_front(compose_project):
             c.close()
 
 
-@pytest.mark.xfail(reason="issue 20 open: passed in 3 CI runs and 3 local ones, but in one CI run "
-                   "(2026-11-26) n3's drain never finished: one session copy stayed for 90 s "
-                   "(cause not found; the test now prints the containers' logs when it fails)",
-                   strict=False)
 def test_compose_rolling_restart_under_qos1_traffic_loses_nothing(compose_project, tmp_path):
     """Issue 20 on compose, with the procedure of compose/docker-compose.yml and
     docs/operations.md: for each node, `mqfed ctl drain NODE --wait` inside its container,
