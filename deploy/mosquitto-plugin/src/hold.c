@@ -10,13 +10,20 @@
  *   must queue. The replay is done at the next tick (the end of Mosquitto's loop iteration),
  *   so the plugin's publishes are queued at the start of the next iteration, before any
  *   message read then; until that tick the session is still refused (and the ring grows).
- *   Message properties are not visible to a READ check: replayed messages carry none.
+ *   A READ check does not see the message's properties: the ring takes them from the routing
+ *   it belongs to, as origin.c (the forwarding connection's re-injections) and recent.c
+ *   (clients' publishes, with catch-up on) find it; a message matching exactly one (plain)
+ *   subscription of the session is replayed at that subscription's QoS and with its
+ *   Subscription Identifier, as Mosquitto would have queued it. With more than one matching
+ *   subscription each refused copy keeps the publish QoS and no identifier.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "hold.h"
 #include "model.h"
+#include "origin.h"
+#include "recent.h"
 
 #define RING_MS 10000                      /* a ring keeps what it was refused this long */
 #define RING_BYTES_PER_HOLD (4u << 20)     /* and at most this many payload + topic bytes */
@@ -28,6 +35,8 @@ struct held_msg {
 	int64_t at_ms;
 	char *topic;
 	void *payload;
+	mosquitto_property *props; /* the message's, and the subscription's identifier */
+	size_t props_bytes;
 	uint32_t len;
 	uint8_t qos;
 };
@@ -45,6 +54,7 @@ struct hold {
 
 static struct hold *holds;
 static unsigned releasing;
+static unsigned rings;           /* ring holds */
 static uint64_t ring_bytes, ring_messages, replayed;
 
 static struct hold *find(const char *id)
@@ -58,7 +68,7 @@ static struct hold *find(const char *id)
 
 static size_t msg_bytes(const struct held_msg *m)
 {
-	return (size_t)m->len + strlen(m->topic) + sizeof(*m);
+	return (size_t)m->len + strlen(m->topic) + m->props_bytes + sizeof(*m);
 }
 
 static void drop_oldest(struct hold *h)
@@ -73,6 +83,7 @@ static void drop_oldest(struct hold *h)
 	ring_messages--;
 	free(m->topic);
 	free(m->payload);
+	mosquitto_property_free_all(&m->props);
 	free(m);
 }
 
@@ -80,6 +91,7 @@ static void remove_hold(struct hold *h)
 {
 	while(h->head) drop_oldest(h);
 	if(h->releasing) releasing--;
+	if(h->ring && --rings == 0) origin_keep_props(false);
 	HASH_DEL(holds, h);
 	free(h->id);
 	free(h);
@@ -104,8 +116,38 @@ int hold_set(const char *id, bool ring)
 		releasing--;
 	}
 	if(!ring) while(h->head) drop_oldest(h);
+	if(ring != h->ring) ring ? rings++ : rings--;
 	h->ring = ring;
+	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
 	return 0;
+}
+
+/* What the ring keeps of a refused message besides topic and payload: its QoS and properties
+ * as its session would have queued it. False: nothing to keep (effective QoS 0). */
+static bool ring_meta(const char *id, struct held_msg *m, const char *topic,
+		const void *payload, uint32_t len, uint8_t qos)
+{
+	const mosquitto_property *props = origin_routed_props(topic, payload, len, qos);
+	struct client *c = model_find(id);
+	uint8_t sub_qos = qos;
+	uint32_t sub_id = 0;
+
+	if(props == NULL) props = recent_routed_props(topic, payload, len, qos);
+	if(c && model_single_plain_match(c, topic, &sub_qos, &sub_id) && sub_qos < qos){
+		qos = sub_qos;
+	}
+	if(qos == 0) return false; /* an offline session drops QoS 0 */
+	m->qos = qos;
+	/* without memory for them the message is kept without its properties */
+	if(props && mosquitto_property_copy_all(&m->props, props) != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&m->props);
+	}
+	if(sub_id && mosquitto_property_add_varint(&m->props, MQTT_PROP_SUBSCRIPTION_IDENTIFIER,
+				sub_id) != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&m->props);
+	}
+	m->props_bytes = properties_size(m->props);
+	return true;
 }
 
 /* Let `id`'s offline session queue again; with `replay`, a ring hold first delivers what it
@@ -148,17 +190,21 @@ bool hold_refuses(const char *id, bool shared_check, const char *topic, const vo
 	if(ring_bytes + len > RING_BYTES_TOTAL || len > RING_BYTES_PER_HOLD) return true;
 	m = calloc(1, sizeof(*m));
 	if(m == NULL) return true;
+	if(!ring_meta(id, m, topic, payload, len, qos)){
+		free(m);
+		return true;
+	}
 	m->topic = strdup(topic);
 	m->payload = len ? malloc(len) : NULL;
 	if(m->topic == NULL || (len && m->payload == NULL)){
 		free(m->topic);
 		free(m->payload);
+		mosquitto_property_free_all(&m->props);
 		free(m);
 		return true;
 	}
 	if(len) memcpy(m->payload, payload, len);
 	m->len = len;
-	m->qos = qos;
 	m->at_ms = now;
 	if(h->tail) h->tail->next = m;
 	else h->head = m;
@@ -182,8 +228,10 @@ void hold_tick(void)
 		for(m = h->head; m; m = m->next){
 			if(m->at_ms < h->since_ms) continue;
 			/* a targeted delivery: queued for the offline session, no READ check */
+			/* Mosquitto owns the properties once it took the message */
 			if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
-						m->qos, false, NULL) == MOSQ_ERR_SUCCESS){
+						m->qos, false, m->props) == MOSQ_ERR_SUCCESS){
+				m->props = NULL;
 				replayed++;
 				if(m->qos > 0) model_note_queued(h->id);
 			}
@@ -208,5 +256,7 @@ void hold_clear(void)
 		remove_hold(h);
 	}
 	releasing = 0;
+	rings = 0;
+	origin_keep_props(false);
 	ring_bytes = ring_messages = replayed = 0;
 }

@@ -171,6 +171,28 @@ void model_count_matches(struct client *c, const char *topic, unsigned *plain, u
 	}
 }
 
+/* Whether exactly one subscription of the client matches the topic and it is a plain one; if
+ * so, its granted QoS and subscription identifier (0: none). */
+bool model_single_plain_match(struct client *c, const char *topic, uint8_t *qos,
+		uint32_t *sub_id)
+{
+	struct sub *s, *tmp, *found = NULL;
+
+	HASH_ITER(hh, c->subs, s, tmp){
+		const char *f = strip_share(s->filter);
+		bool match = false;
+
+		if(f == s->filter && strncmp(s->filter, "$share/", 7) == 0) continue;
+		if(mosquitto_topic_matches_sub(f, topic, &match) != MOSQ_ERR_SUCCESS || !match) continue;
+		if(found || f != s->filter) return false;
+		found = s;
+	}
+	if(found == NULL) return false;
+	*qos = found->qos;
+	*sub_id = found->sub_id;
+	return true;
+}
+
 struct client_run *model_client_run(struct client *c)
 {
 	return &c->run;

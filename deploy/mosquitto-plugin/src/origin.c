@@ -84,6 +84,7 @@ struct fwd_fp {
 	uint32_t len;
 	uint8_t qos;
 	uint64_t hash;             /* of the topic and payload contents */
+	mosquitto_property *props; /* a copy, kept only while a ring hold exists (hold.c) */
 };
 
 /* A QoS 2 message published by the forwarding connection, routed later at its PUBREL. */
@@ -105,6 +106,14 @@ static struct fwd_q2 *fwd_hits;   /* entries whose routing ran: dropped at the n
 static time_t fwd_drop_at;        /* .fwd offline with a session: forget all entries at this time */
 static uint64_t fwd_denied;       /* deliveries to shared subscriptions refused */
 static uint64_t fwd_q2_evicted;   /* entries forgotten before their routing (cap, age, session) */
+static bool keep_props;           /* copy the messages' properties (a ring hold exists) */
+
+/* Whether the properties of .fwd's messages are kept for origin_routed_props (hold.c: while a
+ * replica's ring hold exists). */
+void origin_keep_props(bool on)
+{
+	keep_props = on;
+}
 
 void origin_init(uint64_t q2_max, uint64_t seed)
 {
@@ -132,6 +141,7 @@ static void q2_del(struct fwd_q2 *e)
 		}
 	}
 	HASH_DEL(fwd_q2, e);
+	mosquitto_property_free_all(&e->fp.props);
 	free(e);
 }
 
@@ -165,11 +175,13 @@ void origin_event(void)
 
 	run_seq++;
 	fwd_cur_set = false;
+	mosquitto_property_free_all(&fwd_cur.props);
 	while(fwd_hits){
 		e = fwd_hits;
 		fwd_hits = e->next_hit;
 		e->hit = false; /* already off the hit list */
 		HASH_DEL(fwd_q2, e);
+		mosquitto_property_free_all(&e->fp.props);
 		free(e);
 	}
 }
@@ -199,6 +211,13 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 	fp.len = ed->payloadlen;
 	fp.qos = ed->qos;
 	fp.hash = fp_hash(ed->topic, ed->payload, ed->payloadlen);
+	fp.props = NULL;
+	/* a replica's ring keeps the properties of what it refuses (hold.c); on failure it keeps
+	 * the message without them */
+	if(ed->properties && keep_props
+			&& mosquitto_property_copy_all(&fp.props, ed->properties) != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&fp.props);
+	}
 	if(ed->qos < 2){
 		fwd_cur = fp;
 		fwd_cur_set = true;
@@ -208,7 +227,10 @@ void origin_on_message(const struct mosquitto_evt_message *ed)
 		q2_forget(fwd_q2); /* the oldest */
 	}
 	e = calloc(1, sizeof(*e));
-	if(e == NULL) return; /* fail open: routed as before */
+	if(e == NULL){
+		mosquitto_property_free_all(&fp.props);
+		return; /* fail open: routed as before */
+	}
 	e->fp = fp;
 	e->born_ms = mono_ms();
 	HASH_ADD_PTR(fwd_q2, fp.topic, e);
@@ -246,6 +268,22 @@ bool origin_shared_check(struct mosquitto *client, const char *topic)
 	if(r->seq != run_seq || r->topic != topic) run_start(c, r, topic);
 	if(r->shared == 0) return false;
 	return ++r->checks > r->plain;
+}
+
+/* The properties of the forwarding connection's message this READ check routes (NULL: none,
+ * not one of its messages, or no ring hold existed at its MESSAGE callback). */
+const mosquitto_property *origin_routed_props(const char *topic, const void *payload,
+		uint32_t len, uint8_t qos)
+{
+	struct fwd_q2 *e = NULL;
+
+	if(topic == NULL) return NULL;
+	if(fwd_cur_set && topic == fwd_cur.topic){
+		return fp_matches(&fwd_cur, topic, payload, len, qos) ? fwd_cur.props : NULL;
+	}
+	if(qos != 2 || fwd_q2 == NULL) return NULL;
+	HASH_FIND_PTR(fwd_q2, &topic, e);
+	return e && fp_matches(&e->fp, topic, payload, len, qos) ? e->fp.props : NULL;
 }
 
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
@@ -321,10 +359,13 @@ void origin_cleanup(void)
 
 	HASH_ITER(hh, fwd_q2, e, tmp){
 		HASH_DEL(fwd_q2, e);
+		mosquitto_property_free_all(&e->fp.props);
 		free(e);
 	}
+	mosquitto_property_free_all(&fwd_cur.props);
 	fwd_q2_max = hash_seed = run_seq = fwd_denied = fwd_q2_evicted = 0;
 	fwd_cur_set = false;
+	keep_props = false;
 	memset(&fwd_cur, 0, sizeof(fwd_cur));
 	fwd_q2 = NULL;
 	fwd_hits = NULL;

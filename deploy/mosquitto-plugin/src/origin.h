@@ -15,6 +15,9 @@ void origin_event(void);
 uint64_t origin_run_seq(void);
 void origin_on_message(const struct mosquitto_evt_message *ed);
 bool origin_shared_check(struct mosquitto *client, const char *topic);
+void origin_keep_props(bool on);
+const mosquitto_property *origin_routed_props(const char *topic, const void *payload,
+		uint32_t len, uint8_t qos);
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
 		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check);
 void origin_fwd_auth(struct mosquitto *client);

@@ -209,6 +209,18 @@ static struct entry *routing(const char *topic, const void *payload, uint32_t le
 }
 
 
+/* The properties of the client publish this READ check routes (NULL: none, or not in the
+ * ring: catch-up off, a retained publish, one too large to keep). */
+const mosquitto_property *recent_routed_props(const char *topic, const void *payload,
+		uint32_t len, uint8_t qos)
+{
+	struct entry *e;
+
+	if(window_ms == 0 || topic == NULL) return NULL;
+	e = routing(topic, payload, len, qos);
+	return e ? e->props : NULL;
+}
+
 /* A READ check: note the routing it belongs to. True: refuse it (the control connection's,
  * whose `#` subscription only observes routings). */
 bool recent_read(struct mosquitto *client, const char *topic, const void *payload, uint32_t len,

@@ -26,6 +26,8 @@ bool recent_enabled(void);
 void recent_on_message(const struct mosquitto_evt_message *ed, bool record);
 bool recent_read(struct mosquitto *client, const char *topic, const void *payload, uint32_t len,
 		uint8_t qos, bool retain);
+const mosquitto_property *recent_routed_props(const char *topic, const void *payload,
+		uint32_t len, uint8_t qos);
 void recent_sidecar_checks(void);
 void recent_fwd_filter(const char *filter, bool subscribed);
 const char *recent_catchup(const struct recent_query *q, unsigned n, cJSON *reply);

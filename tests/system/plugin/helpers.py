@@ -800,12 +800,14 @@ class RawClient:
 
     # -- operations
     def publish(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
-                mid: int | None = None, dup: bool = False, wait: bool = True) -> int:
-        """Send a PUBLISH. QoS 1: waits for the PUBACK; QoS 2: waits for the PUBREC only (the
-        PUBREL is `pubrel`), unless wait=False. Returns the mid."""
+                mid: int | None = None, dup: bool = False, wait: bool = True,
+                props: bytes = b"") -> int:
+        """Send a PUBLISH (`props`: its encoded properties). QoS 1: waits for the PUBACK; QoS 2:
+        waits for the PUBREC only (the PUBREL is `pubrel`), unless wait=False. Returns the mid."""
         if qos and mid is None:
             mid = self._mid()
-        body = _str(topic) + (mid.to_bytes(2, "big") if qos else b"") + b"\x00" + payload
+        body = (_str(topic) + (mid.to_bytes(2, "big") if qos else b"") + _varint(len(props))
+                + props + payload)
         self._send(0x30 | (dup << 3) | (qos << 1) | int(retain), body)
         if wait and qos:
             self.wait_ack(4 if qos == 1 else 5, mid)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.system.plugin.helpers import SECRET, SIDECAR_ID, SIDECAR_USER, Client, FakeSidecar
+
 
 def _sleeper(client_factory, sidecar, name: str, topic: str):
     """An offline persistent session of `name` subscribed to `topic` at QoS 2."""
@@ -106,3 +112,62 @@ def test_hold_errors(broker, sidecar):
                 {"client": "x", "on": False, "since_ms": "soon"}):
         rep = sidecar.call("hold", **bad)
         assert rep["ok"] is False and rep["error"] == "bad_request", (bad, rep)
+
+
+def _props(n: int) -> Properties:
+    p = Properties(PacketTypes.PUBLISH)
+    p.UserProperty = [("k", f"v{n}"), ("k", "again")]
+    p.ContentType = "text/plain"
+    p.ResponseTopic = f"reply/{n}"
+    p.CorrelationData = bytes([n, 0, 255])
+    p.PayloadFormatIndicator = 1
+    return p
+
+
+@pytest.mark.parametrize("via_fwd", [False, True], ids=["client publish", "re-injection"])
+def test_a_ring_hold_replays_properties_identifier_and_the_subscription_qos(
+        make_broker, clients, via_fwd):
+    """What a replica's ring replays is what its session would have queued: the message's v5
+    properties (found through the routing, a client's publish in the catch-up ring or the
+    forwarding connection's re-injection), the Subscription Identifier of the one matching
+    subscription, and its granted QoS (a QoS 2 publish to a QoS 1 subscription)."""
+    b = make_broker(opts={"catchup_ms": 5000})
+    sidecar = clients(FakeSidecar(b.sock)).start()
+    c = clients(Client("propped", port=b.port, session_expiry=300, clean_start=False))
+    c.connect()
+    sub = Properties(PacketTypes.SUBSCRIBE)
+    sub.SubscriptionIdentifier = 42
+    rc, mid = c.c.subscribe("hp/#", qos=1, properties=sub)
+    assert rc == 0 and [getattr(x, "value", x) for x in c._wait_ack(mid, 5)] == [1]
+    sidecar.wait_type("subscribe", client="propped", filter="hp/#", count=2)  # identifier read
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="propped")
+    if via_fwd:
+        pub = clients(Client(SIDECAR_ID + ".fwd", sock=b.sock, username=SIDECAR_USER,
+                             password=SECRET, clean_start=False, session_expiry=3600))
+    else:
+        pub = clients(Client("pub", port=b.port))
+    pub.connect()
+    assert sidecar.call("hold", client="propped", on=True, ring=True)["ok"] is True
+    cut = int(time.time() * 1000)
+    pub.publish("hp/1", "one", qos=1, properties=_props(1))
+    pub.publish("hp/2", "two", qos=2, properties=_props(2))
+    pub.publish("hp/3", "bare", qos=1)
+    assert sidecar.call("stats")["ring_messages"] == 3
+    assert sidecar.call("hold", client="propped", on=False, since_ms=cut)["ok"] is True
+    again = clients(Client("propped", port=b.port, session_expiry=300, clean_start=False))
+    assert again.connect() is True, "session present"
+    got = {m.topic: m for m in again.wait_messages(lambda m: m.topic.startswith("hp/"), 3)}
+    assert sorted(got) == ["hp/1", "hp/2", "hp/3"]
+    for n in (1, 2):
+        m = got[f"hp/{n}"]
+        assert m.qos == 1  # the subscription's QoS, not the publish's
+        assert m.properties.UserProperty == [("k", f"v{n}"), ("k", "again")]
+        assert m.properties.ContentType == "text/plain"
+        assert m.properties.ResponseTopic == f"reply/{n}"
+        assert m.properties.CorrelationData == bytes([n, 0, 255])
+        assert m.properties.PayloadFormatIndicator == 1
+        assert m.properties.SubscriptionIdentifier == [42]
+    bare = got["hp/3"].properties
+    assert bare.SubscriptionIdentifier == [42] and not hasattr(bare, "UserProperty")
+    assert sidecar.call("stats")["replayed"] == 3

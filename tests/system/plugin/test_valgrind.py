@@ -29,6 +29,9 @@ from tests.system.plugin.helpers import (
 SUPP = Path(__file__).with_name("mosquitto.supp")
 
 
+USER_PROP = b"\x26\x00\x01k\x00\x02vv"  # a user property, encoded
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
@@ -125,8 +128,8 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
         r.disconnect()
         sc.wait_type("disconnect", client=cid, timeout=20)
         assert sc.call("hold", client=cid, on=True, ring=True, timeout=20)["ok"] is True
-    for i in range(3):
-        p3.publish(f"r/{i}", b"x" * 100, qos=1)
+    for i in range(3):  # with properties, kept and replayed (or freed at shutdown)
+        p3.publish(f"r/{i}", b"x" * 100, qos=1 + i % 2, properties=props)
     assert sc.call("stats", timeout=20)["ring_messages"] >= 6
     assert sc.call("hold", client="vg-ring", on=False, since_ms=0, timeout=20)["ok"] is True
     r = client("vg-ring", session_expiry=300, clean_start=False)
@@ -168,12 +171,13 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     both.connect(timeout=20)
     both.subscribe([("f/#", 2), ("$share/g/f/#", 2)], timeout=20)
     fwd.publish("f/1", b"q0", qos=0)
-    fwd.publish("f/1", b"q1", qos=1)
+    # (with a ring hold left, vg-ring-left, re-injections' properties are kept for it)
+    fwd.publish("f/1", b"q1", qos=1, props=USER_PROP)
     fwd.publish2("f/1", b"")
     mid = fwd.publish("f/1", b"q2", qos=2)
     fwd.publish("f/1", b"q2", qos=2, mid=mid, dup=True)      # a stale entry
     fwd.pubrel(mid)
-    fwd.publish("f/1", b"pending", qos=2)                    # never released: freed at exit
+    fwd.publish("f/1", b"pending", qos=2, props=USER_PROP)   # never released: freed at exit
     member.publish("f/1", b"ordinary", qos=1)
     both.wait_messages(lambda m: m.payload != b"ordinary", count=4, timeout=20)
     assert both.wait_messages(lambda m: m.payload == b"ordinary", timeout=20)

@@ -9,6 +9,8 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import mqfed
@@ -60,7 +62,8 @@ def test_owner_killed_while_the_client_is_offline_loses_nothing(own_cluster, res
 
 def test_owner_killed_with_the_client_online_loses_nothing(own_cluster):
     """The replica, held while its client is online, keeps what it refused for a while and,
-    once the owner has been down for the grace, replays it from the kill minus the margin."""
+    once the owner has been down for the grace, replays it from the kill minus the margin,
+    with the messages' v5 properties (each carries its number as a user property)."""
     cluster = own_cluster
     topic = "replica/online"
     dev = Device(f"dev-{time.time_ns()}")
@@ -90,7 +93,9 @@ def test_owner_killed_with_the_client_online_loses_nothing(own_cluster):
         i = 0
         while not stop.is_set():
             # not under `lock`: paho calls on_publish holding its own lock, which publish takes
-            mid = pub.publish(topic, str(i), qos=1).mid
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = [("n", str(i))]
+            mid = pub.publish(topic, str(i), qos=1, properties=props).mid
             with lock:
                 numbers[mid] = i
             i += 1
@@ -118,6 +123,9 @@ def test_owner_killed_with_the_client_online_loses_nothing(own_cluster):
     print(f"acknowledged {len(sent)}, received {len(got)}, duplicates "
           f"{len(got) - len(set(got))}, lost {len(lost)}")
     assert not lost, f"lost {len(lost)} acknowledged messages: {lost[:20]}"
+    bare = [m.payload for m in dev.messages
+            if getattr(m.properties, "UserProperty", None) != [("n", m.payload.decode())]]
+    assert not bare, f"{len(bare)} of {len(dev.messages)} without their properties: {bare[:10]}"
     pub.loop_stop()
     dev.leave()
 
