@@ -16,6 +16,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_ORDER,
     SESSION_REPLICAS,
     SESSIONS,
     WILLS,
@@ -41,6 +42,8 @@ MISSING_MEANS: dict[str, str] = {
     DRAIN: "the older node does not learn of a drain (it may still count the draining node "
            "as a replica)",
     INTEREST_CHUNKS: "interest snapshots go in one frame; no interest lag is measured",
+    SESSION_ORDER: "a client moving from the older node gets the messages routed to it on "
+                   "the new one meanwhile before the queue it left behind",
     CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
               "there between the SUBACK and then are missed)",
 }

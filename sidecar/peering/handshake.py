@@ -38,6 +38,7 @@ __all__ = [
     "RefuseCode",
     "RETAINED",
     "SESSIONS",
+    "SESSION_ORDER",
     "SESSION_REPLICAS",
     "WILLS",
     "implied",
@@ -69,8 +70,11 @@ CATCH_UP = "catch-up"
 """1.3: interest entries carry their subscribe time (`since_ms`); the receiver replays what its
 new forwarding subscriptions missed (sidecar.routing.catchup). An older node ignores the
 field."""
+SESSION_ORDER = "session-order"
+"""The old owner marks its last SessionBacklog frame of a hand-over (`last`), even an empty
+one: the new owner keeps what reaches the moved client until then (order as on one broker)."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
-                                          SESSION_REPLICAS, DRAIN, CATCH_UP})
+                                          SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

@@ -54,6 +54,7 @@ NEVER_UP = ""  # in `dead` once start + grace has passed (owners never seen up c
 RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this far back
 DEATH_LOOKBACK_MS = 5_000  # a client online on a dead owner: its replica replays this far back
 SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
+LIVE_HOLD_MS = 5_000  # a moved client's live hold waits this long for the old queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +89,16 @@ class Admit:
 @dataclass(frozen=True, slots=True)
 class Hold:
     """`on`: the offline session of `client` here queues nothing more (its client is served
-    elsewhere now; `ring`: a replica, which keeps what it refuses for a while); off: it may
-    again (`since_ms`: first replaying what a ring refused since then)."""
+    elsewhere now; `ring`: a replica, which keeps what it refuses for a while; `live`: a
+    session its client moves to, whose old node will hand its queue over: once the client
+    connected here, what reaches it is kept until the hold goes off, after that queue);
+    off: it may again (`since_ms`: first replaying what a ring refused since then)."""
 
     client: str
     on: bool
     ring: bool = False
     since_ms: int | None = None
+    live: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +188,20 @@ class SessionRegistry:
     # lost here and given to a replica: client -> the connect HLC of the record handed off
     handed_off: dict[str, int] = field(default_factory=dict)
     next_sweep_ms: int = 0  # when on_tick next looks for expired copies here
+    # peers that mark the last frame of a hand-over (capability `session-order`; the adapter)
+    ordered: set[str] = field(default_factory=set)
+    # clients held live here (their old node's queue is on its way), and for those whose
+    # client connected: until when the hold waits for it (ms)
+    live_held: set[str] = field(default_factory=set)
+    awaiting: dict[str, int] = field(default_factory=dict)
     # nodes that hold no replicas and take no session handed off: draining ones, and peers
     # of a version without replicas (set by the adapter; `set_unavailable`)
     unavailable: frozenset[str] = frozenset()
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
-        "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0})
+        "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0, "ordered_moves": 0,
+        "order_timeouts": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -210,7 +221,13 @@ class SessionRegistry:
         self.held[client] = (hlc, True)
         if old is not None and old.owner != self.node_id and session_present:
             self.counters["moves"] += 1
-        return self._release(client) + self._store(record) + self._settle(client, now_ms)
+        if client in self.live_held and not fresh:
+            # its old node hands the queue over next: what reaches it here waits until then
+            self.awaiting[client] = now_ms + LIVE_HOLD_MS
+            release: list[Action] = []
+        else:
+            release = self._release(client)
+        return release + self._store(record) + self._settle(client, now_ms)
 
     def on_subscribe(self, client: str, filter: str, qos: int, now_ms: int,
                      options: int | None = None,
@@ -271,8 +288,7 @@ class SessionRegistry:
         # comes from queues for it, and that node stops only after a barrier with every peer
         # (the adapter's Drain), so nothing routed before the connect is missed.
         self.busy[client] = "materialize"
-        self.holding.add(client)
-        return [Hold(client, True), Materialize(record)]
+        return [self._hold_arriving(client, record), Materialize(record)]
 
     def _arrive_at_replica(self, client: str, record: SessionRecord,
                            now_ms: int) -> list[Action]:
@@ -408,6 +424,10 @@ class SessionRegistry:
             if at <= now_ms:
                 del self.failed[client]
                 out += self._settle(client, now_ms)
+        for client, until in list(self.awaiting.items()):
+            if until <= now_ms:  # no end of the old queue in time: order may break, not loss
+                self.counters["order_timeouts"] += 1
+                out += self._release(client)
         if now_ms >= self.next_sweep_ms:
             self.next_sweep_ms = now_ms + SWEEP_MS
             out += self._expire_copies(now_ms)
@@ -544,10 +564,36 @@ class SessionRegistry:
         return self._store(replace(record, change_hlc=self.clock.now(now_ms).pack()))
 
     def _release(self, client: str) -> list[Action]:
+        self._unlive(client)
         if client not in self.holding:
             return []
         self.holding.discard(client)
         return [Hold(client, False)]
+
+    def _hold_arriving(self, client: str, record: SessionRecord) -> Hold:
+        """Hold the copy made here for a client on its way from `record`'s owner: live when
+        that node is up and marks the end of its hand-over (then the client gets the queue
+        it left there before what reaches it here meanwhile)."""
+        self.holding.add(client)
+        live = record.owner in self.up and record.owner in self.ordered \
+            and record.owner != self.node_id
+        if live:
+            self.live_held.add(client)
+        else:
+            self.live_held.discard(client)
+        return Hold(client, True, live=live)
+
+    def _unlive(self, client: str) -> None:
+        self.live_held.discard(client)
+        self.awaiting.pop(client, None)
+
+    def on_backlog_in(self, client: str, now_ms: int) -> list[Action]:
+        """The old owner's whole queue for `client` was delivered here: what reached the
+        client here meanwhile follows (its live hold goes off)."""
+        if self.awaiting.pop(client, None) is None:
+            return []
+        self.counters["ordered_moves"] += 1
+        return self._release(client)
 
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:
         """Drop what the local Mosquitto held for `client`; returns it."""
@@ -614,9 +660,11 @@ class SessionRegistry:
                 self.busy[client] = "drain"  # the adapter holds it after the barrier
                 self.holding.add(client)
                 self._unreplicate(client)
+                self._unlive(client)  # (the plugin hands what a live hold kept in first)
                 return out + [Drain(client, record.owner, tuple(record.subscriptions))]
             self.busy[client] = "discard"
             self._unreplicate(client)
+            self._unlive(client)
             return out + [Discard(client)]
         if copied is None:
             return []
@@ -729,8 +777,7 @@ class SessionRegistry:
             elif client in self.arriving:  # its client came here: as on_connect_rejected
                 self.arriving.discard(client)
                 self.busy[client] = "materialize"
-                self.holding.add(client)
-                out += [Hold(client, True), Materialize(record)]
+                out += [self._hold_arriving(client, record), Materialize(record)]
             elif self.node_id in self.replica_nodes(client, record.owner):
                 self.busy[client] = "replicate"
                 self.applying[client] = (record.owner, record.connect_hlc, frozenset(

@@ -30,6 +30,7 @@ from sidecar.local.events import (
     deliver_item,
 )
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
+from sidecar.peering.handshake import SESSION_ORDER
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions import wire
@@ -254,6 +255,10 @@ class SessionService:
         for data in wire.records_frames(self.registry.snapshot(), snapshot=True):
             self._send(peer, data)
         self._up.add(peer)
+        if SESSION_ORDER in (self.transport.capabilities(peer) or ()):
+            self.registry.ordered.add(peer)
+        else:
+            self.registry.ordered.discard(peer)
         self._run(self.registry.on_peers(self._up, _wall_ms()))
 
     def on_peer_down(self, peer: str) -> None:
@@ -337,6 +342,8 @@ class SessionService:
                 self._chain(action.client, self._command("admit", client=action.client))
             elif isinstance(action, Hold):
                 extra: dict[str, Any] = {"ring": True} if action.ring else {}
+                if action.live:
+                    extra["live"] = True
                 if action.since_ms is not None:
                     extra["since_ms"] = action.since_ms
                 self._chain(action.client, self._command("hold", client=action.client,
@@ -544,8 +551,11 @@ class SessionService:
                          unreleased: list[Unreleased] | tuple = ()) -> bool:
         """Send a drained session's queue to its new owner, in frames of at most
         BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
-        first frame also carries the messages waiting for their release."""
-        if not queued and not unreleased:
+        first frame also carries the messages waiting for their release, the last one says
+        so (`last`, to an owner with `session-order`: it keeps what reaches the client
+        meanwhile until then; sent even without messages)."""
+        ordered = SESSION_ORDER in (self.transport.capabilities(owner) or ())
+        if not queued and not unreleased and not ordered:
             return True
         hlc = self.clock.now(_wall_ms()).pack()
 
@@ -556,8 +566,11 @@ class SessionService:
         envs = [envelope(q) for q in queued]
         first = [(u, envelope(u)) for u in unreleased]
         ok = True
-        for part in _batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES) if envs else [[]]:
-            ok = await self._hand_over_part(client, owner, part, first)
+        parts = list(_batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES)) if envs \
+            else [[]]
+        for i, part in enumerate(parts):
+            ok = await self._hand_over_part(client, owner, part, first,
+                                            ordered and i == len(parts) - 1)
             if ok and first:  # the new owner has them: a retried drain must not send them again
                 await self._forget_unreleased(client, [u.packet_id for u, _ in first])
             first = []
@@ -571,12 +584,14 @@ class SessionService:
         return ok
 
     async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
-                              unreleased: list[tuple[Unreleased, Envelope]]) -> bool:
+                              unreleased: list[tuple[Unreleased, Envelope]],
+                              last: bool = False) -> bool:
         exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
         try:
-            if not self._send(owner, wire.backlog_frame(client, exchange, envs, unreleased)):
+            if not self._send(owner, wire.backlog_frame(client, exchange, envs, unreleased,
+                                                        last)):
                 raise ConnectionError(f"no stream to {owner}")
             self.counters["backlog_frames"] += 1
             return bool(await asyncio.wait_for(
@@ -614,6 +629,8 @@ class SessionService:
                 ok = False
                 break
             self.counters["backlog_received"] += len(batch)
+        if ok and msg.last:  # the whole queue is in: what reached the client meanwhile follows
+            self._run(self.registry.on_backlog_in(msg.client, _wall_ms()))
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 
     async def _release(self, client: str, messages: list[Unreleased]) -> None:

@@ -85,9 +85,11 @@ def _records(batch: list[peer_pb2.SessionRecord], snapshot: bool) -> bytes:
 
 
 def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
-                  unreleased: Iterable[tuple[Unreleased, Envelope]] = ()) -> bytes:
-    """A part of a moving queue; `unreleased`: each with the envelope that carries it."""
-    msg = peer_pb2.SessionBacklog(client=client, exchange=exchange)
+                  unreleased: Iterable[tuple[Unreleased, Envelope]] = (),
+                  last: bool = False) -> bytes:
+    """A part of a moving queue (`last`: the hand-over's last one); `unreleased`: each with
+    the envelope that carries it."""
+    msg = peer_pb2.SessionBacklog(client=client, exchange=exchange, last=last)
     for env in envelopes:
         _add(msg.envelopes.add(), env)
     for u, env in unreleased:

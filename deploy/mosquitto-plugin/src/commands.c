@@ -483,15 +483,16 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	const char *client = get_str(req, "client");
 	const cJSON *on = cJSON_GetObjectItemCaseSensitive(req, "on");
 	const cJSON *ring = cJSON_GetObjectItemCaseSensitive(req, "ring");
+	const cJSON *live = cJSON_GetObjectItemCaseSensitive(req, "live");
 	const cJSON *since = cJSON_GetObjectItemCaseSensitive(req, "since_ms");
 
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
-			|| (since && !cJSON_IsNumber(since))){
+			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))){
 		reply_error(rq, "bad_request");
 		return;
 	}
 	if(cJSON_IsTrue(on)){
-		if(hold_set(client, ring && cJSON_IsTrue(ring)) != 0){
+		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live)) != 0){
 			reply_error(rq, "internal");
 			return;
 		}

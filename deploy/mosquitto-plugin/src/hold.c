@@ -10,6 +10,14 @@
  *   must queue. The replay is done at the next tick (the end of Mosquitto's loop iteration),
  *   so the plugin's publishes are queued at the start of the next iteration, before any
  *   message read then; until that tick the session is still refused (and the ring grows).
+ * - A live hold (`live`): a session moving here whose old node will hand its queue over.
+ *   Until its client connects, a plain hold. Once it has connected (armed), what Mosquitto
+ *   routes to the client, online or not, is refused and kept (QoS 0 too while online; a
+ *   shared group's pick is granted), and released after the old node's queue was delivered:
+ *   so the client gets that queue before the messages routed to it here meanwhile, in
+ *   per-publisher order, as from one broker. Its ring is never trimmed: past its limits, or
+ *   armed for LIVE_MAX_MS (the sidecar gone), it releases itself. Held again plain (its
+ *   client moves on), it first hands what it kept to the session, then refuses.
  *   A READ check does not see the message's properties: the ring takes them from the routing
  *   it belongs to, as origin.c (the forwarding connection's re-injections) and recent.c
  *   (clients' publishes, with catch-up on) find it; a message matching exactly one (plain)
@@ -29,6 +37,7 @@
 #define RING_BYTES_PER_HOLD (4u << 20)     /* and at most this many payload + topic bytes */
 #define RING_MESSAGES_PER_HOLD 20000u
 #define RING_BYTES_TOTAL ((uint64_t)64 << 20) /* over every ring */
+#define LIVE_MAX_MS 30000                  /* an armed live hold releases itself after this */
 
 struct held_msg {
 	struct held_msg *next;
@@ -45,7 +54,11 @@ struct hold {
 	UT_hash_handle hh;
 	char *id;
 	bool ring;
+	bool live;           /* a moving session: rings once its client connected (armed) */
+	bool armed;
+	int64_t armed_ms;
 	bool releasing;      /* replay at the next tick, then remove */
+	bool keep;           /* ...then stay on, plain (held again while releasing a live ring) */
 	int64_t since_ms;
 	struct held_msg *head, *tail;
 	size_t bytes;
@@ -55,6 +68,8 @@ struct hold {
 static struct hold *holds;
 static unsigned releasing;
 static unsigned rings;           /* ring holds */
+static unsigned armed;           /* armed live holds */
+static unsigned lives;           /* live holds: a connected client's checks look only then */
 static uint64_t ring_bytes, ring_messages, replayed;
 
 static struct hold *find(const char *id)
@@ -92,13 +107,35 @@ static void remove_hold(struct hold *h)
 	while(h->head) drop_oldest(h);
 	if(h->releasing) releasing--;
 	if(h->ring && --rings == 0) origin_keep_props(false);
+	if(h->armed) armed--;
+	if(h->live) lives--;
 	HASH_DEL(holds, h);
 	free(h->id);
 	free(h);
 }
 
-/* Hold `id`'s offline session (a ring hold keeps what it refuses). 0, or -1: out of memory. */
-int hold_set(const char *id, bool ring)
+static void release_at_tick(struct hold *h, int64_t since_ms, bool keep)
+{
+	if(!h->releasing) releasing++;
+	h->releasing = true;
+	h->since_ms = since_ms;
+	h->keep = keep;
+}
+
+static void set_armed(struct hold *h, bool on)
+{
+	if(on && !h->armed){
+		armed++;
+		h->armed_ms = mono_ms();
+	}else if(!on && h->armed){
+		armed--;
+	}
+	h->armed = on;
+}
+
+/* Hold `id`'s session (a ring hold keeps what it refuses; a live one, see above).
+ * 0, or -1: out of memory. */
+int hold_set(const char *id, bool ring, bool live)
 {
 	struct hold *h = find(id);
 
@@ -111,13 +148,21 @@ int hold_set(const char *id, bool ring)
 		}
 		HASH_ADD_KEYPTR(hh, holds, h->id, strlen(h->id), h);
 	}
-	if(h->releasing){ /* held again before the replay: keep the ring, replay nothing */
+	if(h->armed && !live){
+		/* its client moves on: what the live ring kept goes into the session first */
+		release_at_tick(h, 0, true);
+		set_armed(h, false);
+	}else if(h->releasing && !h->keep){
+		/* held again before the replay: keep the ring, replay nothing */
 		h->releasing = false;
 		releasing--;
 	}
-	if(!ring) while(h->head) drop_oldest(h);
+	if(!ring && !h->keep && !(live && h->armed)) while(h->head) drop_oldest(h);
 	if(ring != h->ring) ring ? rings++ : rings--;
 	h->ring = ring;
+	if(!live) set_armed(h, false);
+	if(live != h->live) live ? lives++ : lives--;
+	h->live = live;
 	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
 	return 0;
 }
@@ -125,7 +170,7 @@ int hold_set(const char *id, bool ring)
 /* What the ring keeps of a refused message besides topic and payload: its QoS and properties
  * as its session would have queued it. False: nothing to keep (effective QoS 0). */
 static bool ring_meta(const char *id, struct held_msg *m, const char *topic,
-		const void *payload, uint32_t len, uint8_t qos)
+		const void *payload, uint32_t len, uint8_t qos, bool qos0)
 {
 	const mosquitto_property *props = origin_routed_props(topic, payload, len, qos);
 	struct client *c = model_find(id);
@@ -136,7 +181,7 @@ static bool ring_meta(const char *id, struct held_msg *m, const char *topic,
 	if(c && model_single_plain_match(c, topic, &sub_qos, &sub_id) && sub_qos < qos){
 		qos = sub_qos;
 	}
-	if(qos == 0) return false; /* an offline session drops QoS 0 */
+	if(qos == 0 && !qos0) return false; /* an offline session drops QoS 0 */
 	m->qos = qos;
 	/* without memory for them the message is kept without its properties */
 	if(props && mosquitto_property_copy_all(&m->props, props) != MOSQ_ERR_SUCCESS){
@@ -157,13 +202,27 @@ void hold_release(const char *id, bool replay, int64_t since_ms)
 	struct hold *h = find(id);
 
 	if(h == NULL) return;
+	if(h->armed){ /* a live ring: everything it kept, whatever was asked */
+		release_at_tick(h, 0, false);
+		return;
+	}
+	if(h->keep){ /* its live ring is still to be handed to the session: then off */
+		h->keep = false;
+		return;
+	}
 	if(!replay || !h->ring){
 		remove_hold(h);
 		return;
 	}
-	if(!h->releasing) releasing++;
-	h->releasing = true;
-	h->since_ms = since_ms;
+	release_at_tick(h, since_ms, false);
+}
+
+/* The client of `id` connected here (or left after connecting): a live hold arms. */
+void hold_connected(const char *id)
+{
+	struct hold *h = find(id);
+
+	if(h && h->live) set_armed(h, true);
 }
 
 /* Whether a message routed to `id`'s offline session is refused (kept, for a ring hold).
@@ -172,25 +231,44 @@ void hold_release(const char *id, bool replay, int64_t since_ms)
  * other member), and a group's message reaches one member cluster-wide, so it cannot come
  * twice; the copy queues it for the client that takes it over, or hands it over in its
  * drain. (A replica, a ring hold, makes no shared subscription.) */
-bool hold_refuses(const char *id, bool shared_check, const char *topic, const void *payload,
-		uint32_t len, uint8_t qos)
+bool hold_refuses(const char *id, bool shared_check, bool online, const char *topic,
+		const void *payload, uint32_t len, uint8_t qos)
 {
-	struct hold *h = find(id);
+	struct hold *h;
 	struct held_msg *m;
 	int64_t now;
+	bool live;
 
-	if(h == NULL || (shared_check && !h->ring)) return false;
-	if(!h->ring || qos == 0 || topic == NULL) return true; /* an offline session drops QoS 0 */
-	now = now_ms();
-	while(h->head && (h->head->at_ms < now - RING_MS || h->bytes + len > RING_BYTES_PER_HOLD
-				|| h->count >= RING_MESSAGES_PER_HOLD
-				|| ring_bytes + len > RING_BYTES_TOTAL)){
-		drop_oldest(h);
+	if(online && lives == 0) return false; /* (no lookup) */
+	h = find(id);
+	if(h == NULL) return false;
+	if(online && h->live) set_armed(h, true);
+	live = h->armed;
+	if(online && !live) return false; /* only a live hold acts on a connected client */
+	if(shared_check && (live || !h->ring)) return false; /* (a plain or live hold) */
+	if(live && topic != NULL && (qos > 0 || online)){
+		if(h->bytes + len > RING_BYTES_PER_HOLD || h->count >= RING_MESSAGES_PER_HOLD
+				|| ring_bytes + len > RING_BYTES_TOTAL){
+			/* never trimmed: past its limits it hands everything over at the next tick
+			 * and ends (order may break after that; nothing is lost) */
+			release_at_tick(h, 0, false);
+		}
+	}else if(!h->ring || qos == 0 || topic == NULL){
+		return true; /* an offline session drops QoS 0 */
+	}else{
+		now = now_ms();
+		while(h->head && (h->head->at_ms < now - RING_MS
+					|| h->bytes + len > RING_BYTES_PER_HOLD
+					|| h->count >= RING_MESSAGES_PER_HOLD
+					|| ring_bytes + len > RING_BYTES_TOTAL)){
+			drop_oldest(h);
+		}
+		if(ring_bytes + len > RING_BYTES_TOTAL || len > RING_BYTES_PER_HOLD) return true;
 	}
-	if(ring_bytes + len > RING_BYTES_TOTAL || len > RING_BYTES_PER_HOLD) return true;
+	now = now_ms();
 	m = calloc(1, sizeof(*m));
-	if(m == NULL) return true;
-	if(!ring_meta(id, m, topic, payload, len, qos)){
+	if(m == NULL) return !live; /* a live hold lets it through rather than lose it */
+	if(!ring_meta(id, m, topic, payload, len, qos, live && online)){
 		free(m);
 		return true;
 	}
@@ -201,7 +279,7 @@ bool hold_refuses(const char *id, bool shared_check, const char *topic, const vo
 		free(m->payload);
 		mosquitto_property_free_all(&m->props);
 		free(m);
-		return true;
+		return !live;
 	}
 	if(len) memcpy(m->payload, payload, len);
 	m->len = len;
@@ -222,6 +300,13 @@ void hold_tick(void)
 	struct hold *h, *tmp;
 	struct held_msg *m;
 
+	if(armed > 0){
+		int64_t now = mono_ms();
+
+		HASH_ITER(hh, holds, h, tmp){
+			if(h->armed && now - h->armed_ms > LIVE_MAX_MS) release_at_tick(h, 0, false);
+		}
+	}
 	if(releasing == 0) return;
 	HASH_ITER(hh, holds, h, tmp){
 		if(!h->releasing) continue;
@@ -236,7 +321,13 @@ void hold_tick(void)
 				if(m->qos > 0) model_note_queued(h->id);
 			}
 		}
-		remove_hold(h);
+		if(h->keep){ /* stays on, plain */
+			while(h->head) drop_oldest(h);
+			h->releasing = h->keep = false;
+			releasing--;
+		}else{
+			remove_hold(h);
+		}
 	}
 }
 
@@ -257,6 +348,7 @@ void hold_clear(void)
 	}
 	releasing = 0;
 	rings = 0;
+	armed = lives = 0;
 	origin_keep_props(false);
 	ring_bytes = ring_messages = replayed = 0;
 }

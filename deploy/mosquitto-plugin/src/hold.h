@@ -4,10 +4,11 @@
 
 #include "util.h"
 
-int hold_set(const char *id, bool ring);
+int hold_set(const char *id, bool ring, bool live);
 void hold_release(const char *id, bool replay, int64_t since_ms);
-bool hold_refuses(const char *id, bool shared_check, const char *topic, const void *payload,
-		uint32_t len, uint8_t qos);
+bool hold_refuses(const char *id, bool shared_check, bool online, const char *topic,
+		const void *payload, uint32_t len, uint8_t qos);
+void hold_connected(const char *id);
 void hold_tick(void);
 void hold_stats(uint64_t *held, uint64_t *ring_messages, uint64_t *ring_bytes,
 		uint64_t *replayed);

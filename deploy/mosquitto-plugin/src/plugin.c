@@ -427,6 +427,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	struct mosquitto_evt_acl_check *ed = event_data;
 	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	bool shadow, shared_check = false;
+	int state;
 
 	(void)event;
 	(void)userdata;
@@ -461,14 +462,16 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(ed->access == MOSQ_ACL_READ && mosquitto__get_state
-			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
-			&& hold_refuses(mosquitto_client_id(ed->client), shared_check, ed->topic,
-				ed->payload, ed->payloadlen, ed->qos)){
+			&& ((state = mosquitto__get_state(ed->client)) == MOSQ_CS_DISCONNECTED
+				|| (state == MOSQ_CS_ACTIVE && !shadow))
+			&& hold_refuses(mosquitto_client_id(ed->client), shared_check,
+				state == MOSQ_CS_ACTIVE, ed->topic, ed->payload, ed->payloadlen, ed->qos)){
 		/* An offline session the sidecar holds queues nothing (`hold`): its client is
 		 * served by another node, or a shadow made it here ahead of its client, while the
 		 * node the client comes from still queues for it (and hands that over: never
-		 * twice); a replica's ring hold keeps it for a while (hold.c). A connect re-checks
-		 * the queue as another context, so that passes. */
+		 * twice); a replica's ring hold keeps it for a while; a live hold keeps what reaches
+		 * its connected client until the old node's queue is in (hold.c). A connect
+		 * re-checks the queue as another context, so that passes. */
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
@@ -787,6 +790,8 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 			&& !streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
 		/* a client leaving (not a shadow): QoS 2 messages waiting for its PUBCOMP */
 		inflight_capture(ed->client, mosquitto_client_id(ed->client));
+		/* its session (held live while its old node's queue comes) rings from now on */
+		hold_connected(mosquitto_client_id(ed->client));
 	}
 	model_on_disconnect(ed->client);
 	return MOSQ_ERR_SUCCESS;

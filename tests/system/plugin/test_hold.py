@@ -3,6 +3,7 @@ ring hold keeps what it refused and replays it, in order, when released with `si
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -108,6 +109,7 @@ def test_released_without_since_a_ring_hold_replays_nothing(broker, sidecar, cli
 
 def test_hold_errors(broker, sidecar):
     for bad in ({"client": "x"}, {"client": "x", "on": 1}, {"on": True},
+                {"client": "x", "on": True, "live": "yes"},
                 {"client": "x", "on": True, "ring": "yes"},
                 {"client": "x", "on": False, "since_ms": "soon"}):
         rep = sidecar.call("hold", **bad)
@@ -171,3 +173,87 @@ def test_a_ring_hold_replays_properties_identifier_and_the_subscription_qos(
     bare = got["hp/3"].properties
     assert bare.SubscriptionIdentifier == [42] and not hasattr(bare, "UserProperty")
     assert sidecar.call("stats")["replayed"] == 3
+
+
+def _b64(data: str) -> str:
+    return base64.b64encode(data.encode()).decode()
+
+
+def _mover(client_factory, sidecar, name: str, topic: str):
+    """`name`'s session here, held live (a move: its old node's queue is on its way), then its
+    client connected."""
+    _sleeper(client_factory, sidecar, name, topic)
+    assert sidecar.call("hold", client=name, on=True, live=True)["ok"] is True
+    c = client_factory(name, session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    return c
+
+
+def test_a_live_hold_gives_the_moved_queue_before_what_came_meanwhile(broker, sidecar,
+                                                                      client_factory):
+    """Before its client connects, a live hold is a plain one (the old node still queues);
+    once connected, what reaches the client is kept (QoS 0 too) until the release, which
+    comes after the old node's queue was delivered (`deliver_batch`): per-publisher order,
+    as from one broker."""
+    _sleeper(client_factory, sidecar, "moved", "lv/t")
+    assert sidecar.call("hold", client="moved", on=True, live=True)["ok"] is True
+    _publish(client_factory, "lv/t", ["before"])          # the old node has this one
+    c = client_factory("moved", session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    _publish(client_factory, "lv/t", ["L1", "L2"])
+    _publish(client_factory, "lv/t", ["L3"], qos=0)
+    _publish(client_factory, "lv/t", ["L4"])
+    time.sleep(0.3)
+    assert [m.payload for m in c.messages] == []
+    assert sidecar.call("stats")["ring_messages"] == 4
+    backlog = [{"topic": "lv/t", "payload": _b64(f"B{i}"), "qos": 1} for i in range(3)]
+    assert sidecar.call("deliver_batch", client="moved", messages=backlog)["ok"] is True
+    assert sidecar.call("hold", client="moved", on=False)["ok"] is True
+    _publish(client_factory, "lv/t", ["after"])
+    got = c.wait_messages(lambda m: m.topic == "lv/t", count=8)
+    assert [m.payload.decode() for m in got] == ["B0", "B1", "B2", "L1", "L2", "L3", "L4",
+                                                 "after"]
+    assert [m.qos for m in got][5] == 0
+    stats = sidecar.call("stats")
+    assert stats["held"] == 0 and stats["ring_messages"] == 0
+
+
+def test_a_live_hold_keeps_for_its_client_offline_again_and_grants_group_picks(
+        broker, sidecar, client_factory):
+    c = client_factory("flaky", session_expiry=300, clean_start=False)
+    c.connect()
+    c.subscribe("lg/#", 1)
+    c.subscribe("$share/g/jobs", 1)
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="flaky")
+    assert sidecar.call("hold", client="flaky", on=True, live=True)["ok"] is True
+    c = client_factory("flaky", session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    _publish(client_factory, "jobs", ["job"])  # the group's pick: delivered at once
+    got = c.wait_messages(lambda m: m.payload == b"job")
+    assert len(got) == 1, "a group's pick goes through a live hold"
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="flaky", count=2)
+    _publish(client_factory, "lg/x", ["offline-1", "offline-2"])  # kept for the session
+    _publish(client_factory, "lg/x", ["q0"], qos=0)               # an offline session: dropped
+    assert sidecar.call("stats")["ring_messages"] == 2
+    assert sidecar.call("hold", client="flaky", on=False)["ok"] is True
+    got = _resume(client_factory, "flaky", "lg/x", 2)
+    assert [m.payload for m in got] == [b"offline-1", b"offline-2"]
+
+
+def test_a_live_hold_held_again_hands_what_it_kept_to_the_session_first(broker, sidecar,
+                                                                        client_factory):
+    """Its client moves on before the release: the session gets what the live ring kept
+    (the next drain takes it), and refuses from then on."""
+    c = _mover(client_factory, sidecar, "onward", "lo/t")
+    _publish(client_factory, "lo/t", ["k1", "k2"])
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="onward", count=2)
+    assert sidecar.call("hold", client="onward", on=True)["ok"] is True   # plain now
+    time.sleep(0.2)  # (the kept ones go in at the end of the loop iteration)
+    _publish(client_factory, "lo/t", ["refused"])
+    stats = sidecar.call("stats")
+    assert stats["held"] == 1 and stats["ring_messages"] == 0 and stats["replayed"] == 2
+    assert sidecar.call("hold", client="onward", on=False)["ok"] is True
+    assert [m.payload for m in _resume(client_factory, "onward", "lo/t", 2)] == [b"k1", b"k2"]
