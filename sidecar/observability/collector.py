@@ -95,6 +95,13 @@ class NodeCollector(Collector):
         yield g
         yield CounterMetricFamily("mqfed_session_moves", "Sessions resumed here that another "
                                   "node held.", value=st["moves"])
+        moved = CounterMetricFamily("mqfed_session_ordered_moves", "Moves whose client got the "
+                                    "queue it left behind before what reached it here "
+                                    "meanwhile (outcome: in order, or the wait for that queue "
+                                    "timed out).", labels=["outcome"])
+        moved.add_metric(["in_order"], st.get("ordered_moves", 0))
+        moved.add_metric(["timed_out"], st.get("order_timeouts", 0))
+        yield moved
         yield CounterMetricFamily("mqfed_session_takeovers", "Local connections closed because "
                                   "their client id connected on another node.",
                                   value=st["takeovers"])

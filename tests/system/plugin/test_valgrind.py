@@ -135,6 +135,21 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     r = client("vg-ring", session_expiry=300, clean_start=False)
     assert r.connect(timeout=20) is True
     assert r.wait_messages(lambda m: m.topic.startswith("r/"), count=3, timeout=20)
+    # live holds (a moving session): one released after its client got what it kept, one held
+    # again plain while armed (its ring goes into the session), one left armed at shutdown
+    for cid in ("vg-live", "vg-live-again", "vg-live-left"):
+        lv = client(cid, session_expiry=300, clean_start=False)
+        lv.connect(timeout=20)
+        lv.subscribe("lv/#", 1)
+        lv.disconnect()
+        sc.wait_type("disconnect", client=cid, timeout=20)
+        assert sc.call("hold", client=cid, on=True, live=True, timeout=20)["ok"] is True
+        client(cid, session_expiry=300, clean_start=False).connect(timeout=20)
+    for i in range(3):
+        p3.publish(f"lv/{i}", b"y" * 50, qos=i % 3, properties=props)
+    assert sc.call("stats", timeout=20)["ring_messages"] >= 9
+    assert sc.call("hold", client="vg-live-again", on=True, timeout=20)["ok"] is True
+    assert sc.call("hold", client="vg-live", on=False, timeout=20)["ok"] is True
 
     # deny retry / refuse / admit, and an impostor of the sidecar id
     sc.call("deny", client="vg-denied", mode="retry", timeout=20)
