@@ -1,5 +1,6 @@
 /* Re-injection of a whole batch inside Mosquitto (inject.h). The sidecar publishes a frame's
- * messages as one MQFB batch to `$CONTROL/mqfed/inject`; Mosquitto hands it to this callback
+ * messages as one MQFB batch to `$CONTROL/mqfed/inject` (on its control or its forwarding
+ * connection); Mosquitto hands it to this callback
  * and never routes it (handle_publish.c: `$CONTROL/` goes to control__process). Every record
  * is checked before any is published: a malformed batch is refused whole. Then each message is
  * handed to mosquitto_broker_publish (appended to db.plugin_msgs) and, last, the reply to the
@@ -26,6 +27,12 @@ struct prepared {
 
 static uint64_t n_batches, n_messages, n_refused;
 
+/* The reply goes to the connection that sent the batch: QoS 1 to the control connection, QoS 0
+ * to the forwarding connection (whose packet ids the sidecar reads as copies in routing
+ * order, sidecar/local/midgaps.py; a lost reply is the sidecar's timeout). */
+static const char *reply_to;
+static int reply_qos;
+
 static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 {
 	char buf[160];
@@ -40,8 +47,8 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 				"\"count\":%u}", (unsigned long long)id, count);
 	}
 	if(n < 0 || (size_t)n >= sizeof(buf)) return;
-	if(mosquitto_broker_publish_copy(sidecar_id(), MQFED_INJECT_REPLY, n, buf, 1, false, NULL)
-			!= MOSQ_ERR_SUCCESS){
+	if(mosquitto_broker_publish_copy(reply_to, MQFED_INJECT_REPLY, n, buf, reply_qos, false,
+				NULL) != MOSQ_ERR_SUCCESS){
 		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing an inject reply failed");
 	}
 }
@@ -88,10 +95,12 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	unsigned n = 0, i, count;
 	int rc;
 
-	if(ed->client == NULL || ed->client != sidecar_conn()){
+	if(ed->client == NULL || (ed->client != sidecar_conn() && ed->client != sidecar_fwd_conn())){
 		n_refused++; /* the ACL check already refuses this: never act on anyone else */
 		return;
 	}
+	reply_to = mosquitto_client_id(ed->client);
+	reply_qos = ed->client == sidecar_conn() ? 1 : 0;
 	why = mqfb_open(ed->payload, ed->payloadlen, &b);
 	if(why == NULL && b.count > 0){
 		m = calloc(b.count, sizeof(*m));

@@ -4,11 +4,18 @@ shared subscription nor the forwarding connections; a malformed batch is refused
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from sidecar.local.batch import INJECT_TOPIC, Record, encode_batch, encode_record
+from sidecar.local.batch import (
+    INJECT_REPLY,
+    INJECT_TOPIC,
+    Record,
+    encode_batch,
+    encode_record,
+)
 from sidecar.message import MessageProperties
 from tests.system.plugin.helpers import (
     SECRET,
@@ -80,7 +87,8 @@ class Net:
                 if m.topic != "t/mark"]
 
     def fwd_copies(self) -> list[bytes]:
-        return [m.payload for m in self.fwd.received(lambda m: m.topic != "t/mark")]
+        return [m.payload for m in self.fwd.received(
+            lambda m: m.topic != "t/mark" and m.topic != INJECT_REPLY)]
 
 
 @pytest.fixture
@@ -169,3 +177,17 @@ def test_only_the_sidecar_may_inject(net):
     other.publish(INJECT_TOPIC, encode_batch(1, [Record("t/x", b"evil", 1)]), qos=1)
     net.settle()
     assert plain(net) == []
+
+
+def test_the_forwarding_connection_injects_and_gets_its_reply_at_qos_0(net):
+    """The sidecar sends batches on `.fwd` (its hot path): the reply comes back there, at QoS 0
+    (no packet id among the copies it tracks in order)."""
+    net.fwd.publish(INJECT_TOPIC, encode_batch(9, [Record("t/f", b"F1", 1)]), qos=0)
+    assert net.plain.wait_messages(lambda m: m.payload == b"F1")
+    deadline = time.monotonic() + 5
+    while not (replies := net.fwd.received(lambda m: m.topic == INJECT_REPLY)):
+        assert time.monotonic() < deadline, "no inject reply on .fwd"
+        time.sleep(0.05)
+    assert [(json.loads(m.payload), m.qos) for m in replies] == [
+        ({"v": 1, "cmd": "inject", "batch": 9, "ok": True, "count": 1}, 0)]
+    assert net.fwd_copies() == [] and net.shared() == []
