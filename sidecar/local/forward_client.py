@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
@@ -36,6 +37,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.journal.confirmations import Confirmations
+from sidecar.local.batch import INJECT_REPLY, INJECT_TOPIC
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
@@ -133,6 +135,7 @@ class ForwardClient:
         self._copies: list[LocalCopy] = []
         self._probes: dict[bytes, asyncio.Future] = {}  # barrier probes awaited
         self._probed: list[bytes] = []  # arrived, resolved at the next flush
+        self._injecting: dict[int, asyncio.Future] = {}  # batch id -> the plugin's reply
         self._published: list[int] = []
         self._flush_scheduled = False
         self._ready = asyncio.Event()
@@ -208,6 +211,9 @@ class ForwardClient:
 
     def _on_packet(self, msg: LeanPublish) -> None:
         client = self._client
+        if msg.topic == INJECT_REPLY:  # QoS 0, targeted: no packet id, not a copy
+            self._on_inject_reply(msg.payload)
+            return
         if msg.topic == PROBE_TOPIC:
             self.tracker.on_probe(msg.mid)
             if msg.payload in self._probes:  # a barrier: resolved once the copies before it
@@ -493,6 +499,31 @@ class ForwardClient:
         a ticket that `on_published` reports once Mosquitto accepted it (QoS > 0)."""
         self.reinjected += 1
         return self._offer(topic, payload, qos, retain, properties)
+
+    def inject(self, batch_id: int, batch: bytes) -> asyncio.Future:
+        """Hand an MQFB batch to the plugin (`sidecar.local.batch`; QoS 0, so outside the
+        re-injection window); the future gets the plugin's reply (`ok`, `count` or `error`),
+        sent once every message is in its subscribers' queues. The caller bounds the wait
+        and calls `forget_injection` when it gives up."""
+        assert self._loop is not None, "start() first"
+        future = self._loop.create_future()
+        self._injecting[batch_id] = future
+        self._client.publish(INJECT_TOPIC, batch, qos=0)
+        return future
+
+    def forget_injection(self, batch_id: int) -> None:
+        """Stop waiting for a batch's reply."""
+        self._injecting.pop(batch_id, None)
+
+    def _on_inject_reply(self, payload: bytes) -> None:
+        try:
+            reply = json.loads(payload)
+            future = self._injecting.pop(reply["batch"], None)
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed inject reply", extra={"bytes": len(payload)})
+            return
+        if future is not None and not future.done():
+            future.set_result(reply)
 
     def barrier(self) -> int:
         """A QoS 1 publish Mosquitto acknowledges and delivers to nobody (a `$CONTROL/` topic

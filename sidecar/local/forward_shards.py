@@ -211,5 +211,11 @@ class ForwardShards:
                 properties: MessageProperties, retain: bool = False) -> int:
         return self.main.publish(topic, payload, qos, properties, retain)
 
+    def inject(self, batch_id: int, batch: bytes) -> asyncio.Future:
+        return self.main.inject(batch_id, batch)
+
+    def forget_injection(self, batch_id: int) -> None:
+        self.main.forget_injection(batch_id)
+
     def barrier(self) -> int:
         return self.main.barrier()

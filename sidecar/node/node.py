@@ -280,7 +280,8 @@ class Node:
                               max_message_bytes=cfg["grpc"]["max_message_bytes"],
                               catchup_window=cfg["catchup"]["window"],
                               catchup_margin=cfg["catchup"]["margin"],
-                              catchup_bytes=cfg["catchup"]["max_bytes"])
+                              catchup_bytes=cfg["catchup"]["max_bytes"],
+                              inject_batches=cfg["routing"]["inject_batches"])
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

@@ -103,6 +103,12 @@ class Receiver:
         if env.qos:
             self._reinjecting[ticket] = (peer, env.origin_incarnation, env.origin_seq)
 
+    def retarget(self, old: int, new: int) -> None:
+        """Re-injection `old` goes again as `new` (a batch the plugin did not take)."""
+        entry = self._reinjecting.pop(old, None)
+        if entry is not None:
+            self._reinjecting[new] = entry
+
     def on_confirmed(self, tickets: list[int], now: float) -> list[Action]:
         """Mosquitto accepted these re-injections."""
         out: list[Action] = []

@@ -57,6 +57,7 @@ from sidecar.routing.forwarder import (
     QueueEnvelope,
     SendEnvelope,
 )
+from sidecar.routing.injection import BatchInjection
 from sidecar.routing.interest import (
     LEAVE_STEP,
     InterestAction,
@@ -138,7 +139,7 @@ class RoutingService(CatchUpWiring):
                  check_peer_address: bool = True, max_message_bytes: int = 64 << 20,
 
                  catchup_window: float = 5.0, catchup_margin: float = 0.05,
-                 catchup_bytes: int = 16 << 20) -> None:
+                 catchup_bytes: int = 16 << 20, inject_batches: bool = False) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -185,6 +186,8 @@ class RoutingService(CatchUpWiring):
                                                   on_published=self._on_published,
                                                   on_connected=self._on_fwd_connected)
         fwd = self.forward_client
+        self.injection = (BatchInjection(fwd, self._on_published, self._reinject_each)
+                          if inject_batches else None)
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
         self.pacing = Pacing(fwd.max_queued)
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
@@ -732,6 +735,7 @@ class RoutingService(CatchUpWiring):
         now_ms = time.time() * 1000
         self.peer_received[peer] = self.peer_received.get(peer, 0) + len(envelopes)
         receiver = self.receiver
+        batch: list[tuple[int, Envelope]] | None = [] if self.injection is not None else None
         for msg in envelopes:
             mid = MessageId(msg.origin_node, msg.origin_incarnation, msg.origin_seq)
             first, actions = receiver.accept(peer, mid, msg.qos, now)
@@ -752,7 +756,12 @@ class RoutingService(CatchUpWiring):
             if isinstance(action, DeliverShared):
                 self._run_receive([action])
                 continue
-            ticket = self.forward_client.publish(env.topic, env.payload, env.qos, env.properties)
+            if batch is not None:
+                ticket = self.injection.ticket()
+                batch.append((ticket, env))
+            else:
+                ticket = self.forward_client.publish(env.topic, env.payload, env.qos,
+                                                     env.properties)
             receiver.on_reinjecting(ticket, peer, env)
             if self.hops is not None:
                 origin = (msg.origin_node, msg.origin_incarnation, msg.origin_seq)
@@ -763,6 +772,15 @@ class RoutingService(CatchUpWiring):
                 self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
                 if env.qos:
                     self.tracer.expect_ack(ticket, trace)
+        if batch:
+            self.injection.send(batch)
+
+    def _reinject_each(self, items: list[tuple[int, Envelope]]) -> None:
+        """A batch the plugin did not take: message by message on the forwarding client
+        (each under a new ticket; the batch's tickets are then confirmed with them)."""
+        for old, env in items:
+            ticket = self.forward_client.publish(env.topic, env.payload, env.qos, env.properties)
+            self.receiver.retarget(old, ticket)
 
     def _log_invalid(self, peer: str, problem: str, now: float) -> None:
         """A peer sent a message no node would send (at most one warning per
@@ -920,6 +938,7 @@ class RoutingService(CatchUpWiring):
             "forwarding_subscriptions": self.remote.subscription_count(),
             "interest": self.interest_status(),
             "fwd": self.forward_client.stats(),
+            "inject": dict(self.injection.counters) if self.injection is not None else None,
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),

@@ -55,6 +55,16 @@ def test_a_reinjection_is_acknowledged_only_once_mosquitto_confirmed_it():
     assert r.on_confirmed([41], 2.0) == []  # once
 
 
+def test_a_retargeted_reinjection_is_confirmed_under_its_new_ticket():
+    r = Receiver()
+    action = r.route("n2", env(1), [])
+    r.on_reinjecting(ticket=-1, peer="n2", env=action.envelope)   # a batch's ticket
+    r.retarget(-1, 5)                                              # sent again on its own
+    assert r.on_confirmed([-1], 0.0) == []
+    r.on_confirmed([5], 0.0)
+    assert acks(r.on_timer(1.0)) == {"n2": [(7, 1, ACK_OK)]}
+
+
 def test_qos0_reinjections_are_not_tracked():
     r = Receiver()
     r.on_reinjecting(5, "n2", env(1, qos=0))

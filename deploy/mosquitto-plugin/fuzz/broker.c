@@ -139,7 +139,11 @@ int mosquitto_callback_register(mosquitto_plugin_id_t *identifier, int event,
 {
 	(void)identifier;
 	(void)event_data;
-	if(event < 0 || event > MOSQ_EVT_DISCONNECT || callbacks[event].cb) return MOSQ_ERR_ALREADY_EXISTS;
+	if(event < 0 || event > MOSQ_EVT_DISCONNECT) return MOSQ_ERR_ALREADY_EXISTS;
+	/* control callbacks are per topic in Mosquitto: the same function for several topics */
+	if(callbacks[event].cb && !(event == MOSQ_EVT_CONTROL && callbacks[event].cb == cb_func)){
+		return MOSQ_ERR_ALREADY_EXISTS;
+	}
 	callbacks[event].cb = cb_func;
 	callbacks[event].userdata = userdata;
 	return MOSQ_ERR_SUCCESS;

@@ -97,6 +97,58 @@ static void message(struct writer *w, uint8_t slot, uint8_t bits, const char *to
 	str(w, "");
 }
 
+static void le(struct writer *w, uint64_t v, int bytes)
+{
+	int i;
+
+	for(i = 0; i < bytes; i++) u8(w, (uint8_t)(v >> (8 * i)));
+}
+
+/* One MQFB record (batch.c): a message with a publisher id and, if `props`, properties. */
+static void record(struct writer *w, uint8_t flags, const char *topic, const char *payload,
+		int props)
+{
+	static const uint8_t PROPS[] = {
+		0x01, 1, 0x02, 0, 0, 0, 60, 0x03, 0, 1, 'c', 0x08, 0, 3, 'r', '/', '1',
+		0x09, 0, 2, 0, 'x', 0x26, 0, 1, 'k', 0, 1, 'v',
+	};
+	size_t t = strlen(topic), p = strlen(payload), n = props ? sizeof(PROPS) : 0;
+
+	le(w, 18 + 2 + t + 2 + 2 + 4 + n + 4 + p, 4);
+	u8(w, 1);
+	u8(w, flags);
+	le(w, 7, 8);
+	le(w, 9, 8);
+	le(w, t, 2);
+	put(w, topic, t);
+	le(w, 2, 2);
+	put(w, "c1", 2);
+	le(w, n, 4);
+	put(w, PROPS, n);
+	le(w, p, 4);
+	put(w, payload, p);
+}
+
+/* Inject a batch of three records (or a truncated copy), then route them: the TICK, then READ
+ * checks with the topic and payload the acl() seeds use (an injected message's identity). */
+static void inject(struct writer *w, uint8_t slot, int truncate)
+{
+	struct writer b = {0};
+
+	put(&b, "MQFB\x01\x00", 6);
+	le(&b, 3, 2);
+	le(&b, 42, 8);
+	record(&b, 0, "a/b", "payload", 1);
+	record(&b, 1 | 4, "a/c", "", 0);
+	record(&b, 2, "a/b", "payload", 0);
+	u8(w, OP_INJECT);
+	u8(w, slot);
+	u8(w, (uint8_t)((b.n - (size_t)truncate) >> 8));
+	u8(w, (uint8_t)(b.n - (size_t)truncate));
+	put(w, b.p, b.n - (size_t)truncate);
+	free(b.p);
+}
+
 static const char *const COMMANDS[] = {
 	"{\"v\":1,\"id\":\"1\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"snapshot\"}",
 	"{\"v\":1,\"id\":\"2\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"resume\",\"from_seq\":1}",
@@ -137,7 +189,7 @@ static const char *const TOPICS[] = {
 void seeds_make(struct blob **out, size_t *count)
 {
 	size_t i, j, n = 0;
-	size_t total = sizeof(COMMANDS) / sizeof(COMMANDS[0]) + 4;
+	size_t total = sizeof(COMMANDS) / sizeof(COMMANDS[0]) + 4 + 3;
 	struct blob *b = calloc(total, sizeof(*b));
 
 	if(b == NULL) abort();
@@ -180,6 +232,24 @@ void seeds_make(struct blob **out, size_t *count)
 		u8(&w, 4);
 		b[n++] = (struct blob){w.p, w.n};
 	}
+	for(j = 0; j < 3; j++){ /* batches injected: whole, cut short, from a client */
+		struct writer w = {0};
+		u8(&w, (uint8_t)(0x15 * j));
+		connect_(&w, 0, 0x80 | 0x40, 0x05, "", 1234567891u);
+		connect_(&w, 1, 2, 0x00, "", 3600);                   /* c1 */
+		connect_(&w, 2, 1, 0x05, "", 3600);                   /* .fwd */
+		acl(&w, 1, 2, "a/#");
+		acl(&w, 2, 2, "a/#");
+		acl(&w, 2, 2, "$share/g/a/#");
+		inject(&w, j == 2 ? 1 : 0, j == 1 ? 5 : 0);
+		u8(&w, OP_TICK);
+		acl(&w, 1, 0, "a/b");                                  /* READ checks of the routing */
+		acl(&w, 2, 0, "a/b");
+		acl(&w, 1, 0, "a/b");
+		message(&w, 1, 0xf8, "a/b", "payload");                /* ends the routing */
+		acl(&w, 2, 0, "a/b");
+		b[n++] = (struct blob){w.p, w.n};
+	}
 	*out = b;
 	*count = n;
 }
@@ -192,5 +262,6 @@ const char *const FUZZ_DICTIONARY[] = {
 	"\"client\":\"mqfed-sidecar.fwd\"", "\"subscription\":\"$share/g/#\"", "\"qos\":2",
 	"\"seq\":", "\"from_seq\":", "\"epoch\":", "1e308", "-1", "18446744073709551616", "0.5",
 	"null", "true", "[]", "{}", "\"\\u0000\"", "\"\\ud800\"", "$mqfed/", "$SYS/broker/mqfed/",
-	"$CONTROL/mqfed/v1", "$share/", "/#", "/+", "mqfed-sidecar", ".fwd", "====", NULL,
+	"$CONTROL/mqfed/v1", "$share/", "/#", "/+", "mqfed-sidecar", ".fwd", "====",
+	"MQFB\x01", NULL,
 };

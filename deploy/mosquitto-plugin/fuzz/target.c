@@ -4,7 +4,7 @@
  * an opcode byte and its arguments (bytes; strings are a 2-byte length and that many bytes).
  * Whatever the bytes, the program is valid: short reads give zeros and empty strings. So
  * byte-level mutations explore the command decoder (JSON of any shape on the control topic,
- * from the sidecar or anyone), the access decisions (any topic or filter, any identity on any
+ * from the sidecar or anyone), the batch parser (inject.c, batch.c), the access decisions (any topic or filter, any identity on any
  * kind of listener), message properties and the model, in any order of events. */
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +141,25 @@ static void op_control(struct run *r, struct input *in)
 		memset(&ed, 0, sizeof(ed));
 		ed.client = c;
 		ed.topic = "$CONTROL/mqfed/v1";
+		ed.payload = payload;
+		ed.payloadlen = (uint32_t)len;
+		ed.qos = 1;
+		broker_call(MOSQ_EVT_CONTROL, &ed);
+	}
+	free(payload);
+}
+
+static void op_inject(struct run *r, struct input *in)
+{
+	struct mosquitto *c = slot_client(r, in);
+	struct mosquitto_evt_control ed;
+	size_t len;
+	char *payload = str(in, &len);
+
+	if(c && c->state == FAKE_CS_ACTIVE){
+		memset(&ed, 0, sizeof(ed));
+		ed.client = c;
+		ed.topic = "$CONTROL/mqfed/inject";
 		ed.payload = payload;
 		ed.payloadlen = (uint32_t)len;
 		ed.qos = 1;
@@ -317,6 +336,7 @@ int mqfed_fuzz_one(const uint8_t *data, size_t size)
 			case OP_MESSAGE: op_message(&r, &in); break;
 			case OP_TICK: op_tick(&r); break;
 			case OP_EXT_AUTH: op_ext_auth(&r, &in); break;
+			case OP_INJECT: op_inject(&r, &in); break;
 			default: broker_set_later_verdict(VERDICTS[u8(&in) % 4]); break;
 		}
 	}

@@ -16,6 +16,7 @@ enum fuzz_op {
 	OP_TICK,
 	OP_EXT_AUTH,       /* slot */
 	OP_VERDICT,        /* what the rest of the ACL chain answers in defer mode */
+	OP_INJECT,         /* slot, payload (an MQFB batch on $CONTROL/mqfed/inject) */
 	OP_COUNT
 };
 

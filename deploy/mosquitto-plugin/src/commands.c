@@ -8,6 +8,7 @@
 #include "events.h"
 #include "hold.h"
 #include "inflight.h"
+#include "inject.h"
 #include "journal.h"
 #include "model.h"
 #include "origin.h"
@@ -676,11 +677,13 @@ static void cmd_stats(const struct request *rq)
 	cJSON *cal;
 	struct ev_stats ev;
 	struct origin_stats og;
+	struct inject_stats ij;
 	struct shed_stats sh;
 	uint64_t held, ring_messages, ring_bytes, replayed;
 
 	ev_stats(&ev);
 	origin_stats(&og);
+	inject_stats(&ij);
 	hold_stats(&held, &ring_messages, &ring_bytes, &replayed);
 	shed_stats(&sh);
 	if(o){
@@ -705,6 +708,9 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "replayed", (double)replayed);
 		cJSON_AddNumberToObject(o, "published", (double)ev.published);
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
+		cJSON_AddNumberToObject(o, "inject_batches", (double)ij.batches);
+		cJSON_AddNumberToObject(o, "inject_messages", (double)ij.messages);
+		cJSON_AddNumberToObject(o, "inject_refused", (double)ij.refused);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);
 		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)og.forgotten);
 		cJSON_AddNumberToObject(o, "fwd_filters", sh.filters);

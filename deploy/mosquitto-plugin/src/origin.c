@@ -115,6 +115,34 @@ void origin_keep_props(bool on)
 	keep_props = on;
 }
 
+/* Messages injected by inject.c (a batch on `$CONTROL/mqfed/inject`). mosquitto_broker_publish
+ * appends them to db.plugin_msgs; queue_plugin_msgs (loop.c) routes that list, in order and
+ * without a client, at the top of the next loop iteration, right after the TICK
+ * (plugin__handle_tick ends each iteration) and with no callback of ours but their READ checks
+ * in between. db__messages_easy_queue copies the payload, so a check is matched by the hash of
+ * topic and payload (and length, QoS) against this FIFO from its head; a record whose routing
+ * made no check (no subscriber) is passed over. QUEUED until the TICK, ARMED after it, cleared
+ * by the next other callback (origin_event). */
+enum { INJ_NONE, INJ_QUEUED, INJ_ARMED };
+struct inj_fp {
+	uint64_t hash;
+	uint32_t len;
+	uint8_t qos;
+};
+static struct inj_fp *inj;
+static size_t inj_n, inj_cap, inj_head;
+static int inj_state;
+static bool inj_cur_set;          /* inj_cur_*: the store of the injected message being routed */
+static const char *inj_cur_topic;
+static const void *inj_cur_payload;
+
+static void inj_clear(void)
+{
+	inj_n = inj_head = 0;
+	inj_state = INJ_NONE;
+	inj_cur_set = false;
+}
+
 void origin_init(uint64_t q2_max, uint64_t seed)
 {
 	fwd_q2_max = q2_max;
@@ -176,6 +204,7 @@ void origin_event(void)
 	run_seq++;
 	fwd_cur_set = false;
 	mosquitto_property_free_all(&fwd_cur.props);
+	if(inj_state == INJ_ARMED) inj_clear();
 	while(fwd_hits){
 		e = fwd_hits;
 		fwd_hits = e->next_hit;
@@ -286,6 +315,44 @@ const mosquitto_property *origin_routed_props(const char *topic, const void *pay
 	return e && fp_matches(&e->fp, topic, payload, len, qos) ? e->fp.props : NULL;
 }
 
+void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos)
+{
+	struct inj_fp *grown;
+
+	if(inj_n == inj_cap){
+		grown = realloc(inj, (inj_cap ? inj_cap * 2 : 64) * sizeof(*inj));
+		if(grown == NULL) return; /* fail open: a shared member may get it (a duplicate) */
+		inj = grown;
+		inj_cap = inj_cap ? inj_cap * 2 : 64;
+	}
+	inj[inj_n].hash = fp_hash(topic, payload, payloadlen);
+	inj[inj_n].len = payloadlen;
+	inj[inj_n].qos = qos;
+	inj_n++;
+	inj_state = INJ_QUEUED;
+}
+
+/* Is this READ check's message one of the injected ones being routed? */
+static bool injected_routing(const char *topic, const void *payload, uint32_t len, uint8_t qos)
+{
+	uint64_t h;
+	size_t k;
+
+	if(inj_state != INJ_ARMED) return false;
+	if(inj_cur_set && topic == inj_cur_topic && payload == inj_cur_payload) return true;
+	inj_cur_set = false;
+	h = fp_hash(topic, payload, len);
+	for(k = inj_head; k < inj_n; k++){
+		if(inj[k].hash == h && inj[k].len == len && inj[k].qos == qos) break;
+	}
+	if(k == inj_n) return false;
+	inj_head = k + 1;
+	inj_cur_set = true;
+	inj_cur_topic = topic;
+	inj_cur_payload = payload;
+	return true;
+}
+
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
 		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check)
 {
@@ -295,6 +362,13 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 
 	(void)retain;
 	if(topic == NULL) return false;
+	if(injected_routing(topic, payload, payloadlen, qos)){
+		/* routed with no client, so No Local cannot keep it from the forwarding connections
+		 * (a loop): refused there, and to shared subscriptions, like .fwd's re-injections */
+		if(!sidecar_is_fwd(client) && !shared_check) return false;
+		fwd_denied++;
+		return true;
+	}
 	if(fwd_cur_set && topic == fwd_cur.topic){
 		fp = &fwd_cur;
 	}else if(qos == 2 && fwd_q2){
@@ -344,6 +418,8 @@ void origin_tick(void)
 {
 	int64_t now = mono_ms();
 
+	if(inj_state == INJ_QUEUED) inj_state = INJ_ARMED; /* routed right after this TICK */
+
 	if(sidecar_fwd_conn() == NULL && fwd_drop_at != 0 && time(NULL) >= fwd_drop_at){
 		q2_forget_all();
 		fwd_drop_at = 0;
@@ -370,4 +446,8 @@ void origin_cleanup(void)
 	fwd_q2 = NULL;
 	fwd_hits = NULL;
 	fwd_drop_at = 0;
+	free(inj);
+	inj = NULL;
+	inj_cap = 0;
+	inj_clear();
 }

@@ -11,6 +11,7 @@
 #include "events.h"
 #include "hold.h"
 #include "inflight.h"
+#include "inject.h"
 #include "journal.h"
 #include "model.h"
 #include "origin.h"
@@ -801,8 +802,11 @@ static int on_control(int event, void *event_data, void *userdata)
 {
 	(void)event;
 	(void)userdata;
+	const struct mosquitto_evt_control *ed = event_data;
+
 	origin_event();
-	commands_on_control(event_data);
+	if(ed->topic && streq(ed->topic, MQFED_INJECT_TOPIC)) inject_on_control(ed);
+	else commands_on_control(ed);
 	return MOSQ_ERR_SUCCESS;
 }
 
@@ -812,6 +816,7 @@ static void free_all(void)
 {
 	model_cleanup();
 	origin_cleanup();
+	inject_cleanup();
 	recent_cleanup();
 	shed_cleanup();
 	journal_cleanup();
@@ -877,6 +882,8 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL, NULL);
 	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_CONTROL, on_control,
 			MQFED_CONTROL_TOPIC, NULL);
+	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_CONTROL, on_control,
+			MQFED_INJECT_TOPIC, NULL);
 	if(rc){
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: registering callbacks failed (%d)", rc);
 		free_all();
@@ -909,6 +916,7 @@ MQFED_EXPORT int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *
 		mosquitto_callback_unregister(pid, MOSQ_EVT_TICK, on_tick, NULL);
 		mosquitto_callback_unregister(pid, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
 		mosquitto_callback_unregister(pid, MOSQ_EVT_CONTROL, on_control, MQFED_CONTROL_TOPIC);
+		mosquitto_callback_unregister(pid, MOSQ_EVT_CONTROL, on_control, MQFED_INJECT_TOPIC);
 	}
 	free_all();
 	return MOSQ_ERR_SUCCESS;

@@ -14,6 +14,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.journal.record import fingerprint, pack_fingerprints
+from sidecar.local.batch import INJECT_TOPIC, Record, encode_batch
+from sidecar.message import MessageProperties
 from tests.harness.procs import wait_for
 from tests.system.plugin.helpers import (
     SECRET,
@@ -200,6 +202,22 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert not [m for m in member.messages if m.payload != b"ordinary"]
     assert sorted(m.payload for m in both.messages if m.payload != b"ordinary") == [
         b"", b"q0", b"q1", b"q2"]
+    assert [m.payload for m in shard.messages] == [b"ordinary"]
+    # a batch from the sidecar re-injected inside Mosquitto (inject.c): plain subscribers only,
+    # with its properties; a batch with a bad record and a short one are refused whole
+    batch_props = MessageProperties(user=(("k", "v"),), content_type="c", payload_format=1,
+                                    correlation_data=b"x", response_topic="r/1",
+                                    message_expiry=60)
+    sc.send(encode_batch(1, [Record("f/2", b"i0", 0, properties=batch_props),
+                             Record("f/2", b"i1", 1), Record("f/2", b"i2", 2),
+                             Record("z/none", b"", 1)]),
+            topic=INJECT_TOPIC)
+    assert both.wait_messages(lambda m: m.topic == "f/2", count=3, timeout=20)
+    sc.send(encode_batch(2, [Record("f/2", b"ok", 1), Record("f/#", b"bad", 1)]),
+            topic=INJECT_TOPIC)
+    sc.send(b"MQFB\x01", topic=INJECT_TOPIC)
+    assert sc.call("stats", timeout=20)["inject_refused"] == 2
+    assert not [m for m in member.messages if m.topic == "f/2"]
     assert [m.payload for m in shard.messages] == [b"ordinary"]
     shard.disconnect()  # its session stays
 

@@ -1,0 +1,206 @@
+/* MQFB batch parsing (batch.h). Layout, little-endian:
+ *   batch  = "MQFB" u8 version u8 flags u16 count u64 batch-id, then `count` records
+ *   record = u32 length (of what follows) u8 kind u8 flags (qos bits 0-1, retain bit 2)
+ *            u64 seq u64 hlc u16 topic_len topic u16 client_len client
+ *            u32 props_len props u32 payload_len payload
+ * A record's fields must fill its length exactly. */
+#include <string.h>
+
+#include "batch.h"
+
+#define REC_FIXED 30u                /* kind, flags, seq, hlc, three lengths before payload_len */
+
+static uint16_t le16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+	return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+const char *mqfb_open(const uint8_t *buf, size_t len, struct mqfb_batch *b)
+{
+	memset(b, 0, sizeof(*b));
+	if(buf == NULL || len < MQFB_HEADER_LEN) return "short";
+	if(memcmp(buf, "MQFB", 4) != 0) return "magic";
+	if(buf[4] != MQFB_VERSION) return "version";
+	b->count = le16(buf + 6);
+	b->id = le64(buf + 8);
+	b->next = buf + MQFB_HEADER_LEN;
+	b->left = len - MQFB_HEADER_LEN;
+	return NULL;
+}
+
+/* A field of `n` bytes from a record's remaining bytes. */
+static const uint8_t *take(const uint8_t **p, uint32_t *left, uint32_t n)
+{
+	const uint8_t *at = *p;
+
+	if(n > *left) return NULL;
+	*p += n;
+	*left -= n;
+	return at;
+}
+
+const char *mqfb_next(struct mqfb_batch *b, struct mqfb_record *r)
+{
+	const uint8_t *p, *f;
+	uint32_t len, left;
+
+	memset(r, 0, sizeof(*r));
+	if(b->count == 0) return b->left ? "trailing" : "count";
+	if(b->left < 4) return "short";
+	len = le32(b->next);
+	if(len > b->left - 4) return "length";
+	p = b->next + 4;
+	left = len;
+	if(left < REC_FIXED) return "short";
+	r->kind = p[0];
+	r->qos = p[1] & 3;
+	r->retain = (p[1] & 4) != 0;
+	if(p[1] & ~7u) return "flags";
+	if(r->qos > 2) return "qos";
+	r->seq = le64(p + 2);
+	r->hlc = le64(p + 10);
+	p += 18;
+	left -= 18;
+	r->topic_len = le16(p);
+	p += 2;
+	left -= 2;
+	if((f = take(&p, &left, r->topic_len)) == NULL) return "topic";
+	r->topic = (const char *)f;
+	if(left < 2) return "short";
+	r->client_len = le16(p);
+	p += 2;
+	left -= 2;
+	if((f = take(&p, &left, r->client_len)) == NULL) return "client";
+	r->client = (const char *)f;
+	if(left < 4) return "short";
+	r->props_len = le32(p);
+	p += 4;
+	left -= 4;
+	if((f = take(&p, &left, r->props_len)) == NULL) return "properties";
+	r->props = f;
+	if(left < 4) return "short";
+	r->payload_len = le32(p);
+	p += 4;
+	left -= 4;
+	if((f = take(&p, &left, r->payload_len)) == NULL) return "payload";
+	r->payload = f;
+	if(left != 0) return "length";
+	b->next += 4 + (size_t)len;
+	b->left -= 4 + (size_t)len;
+	b->count--;
+	return NULL;
+}
+
+static uint16_t be16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+/* An MQTT string or binary field: u16 big-endian length, then that many bytes. */
+static const uint8_t *field(const uint8_t **p, uint32_t *left, uint16_t *n)
+{
+	if(*left < 2) return NULL;
+	*n = be16(*p);
+	*p += 2;
+	*left -= 2;
+	return take(p, left, *n);
+}
+
+/* A NUL-terminated copy of a UTF-8 string field (MQTT rules: no NUL, valid UTF-8). */
+static char *utf8_copy(const uint8_t *s, uint16_t n)
+{
+	char *c;
+
+	if(memchr(s, 0, n) != NULL) return NULL;
+	if(mosquitto_validate_utf8((const char *)s, n) != MOSQ_ERR_SUCCESS) return NULL;
+	c = malloc((size_t)n + 1);
+	if(c == NULL) return NULL;
+	memcpy(c, s, n);
+	c[n] = '\0';
+	return c;
+}
+
+static const char *one_prop(const uint8_t **p, uint32_t *left, mosquitto_property **out,
+		uint64_t *seen)
+{
+	uint8_t id;
+	const uint8_t *a, *b;
+	uint16_t an, bn;
+	char *s1 = NULL, *s2 = NULL;
+	int rc = MOSQ_ERR_SUCCESS;
+	const char *bad = "property";
+
+	if((a = take(p, left, 1)) == NULL) return "property";
+	id = a[0];
+	if(id < 64 && id != MQTT_PROP_USER_PROPERTY){
+		if(*seen & (UINT64_C(1) << id)) return "duplicate property"; /* MQTT: at most once */
+		*seen |= UINT64_C(1) << id;
+	}
+	switch(id){
+		case MQTT_PROP_PAYLOAD_FORMAT_INDICATOR:
+			if((a = take(p, left, 1)) == NULL || a[0] > 1) return "property";
+			rc = mosquitto_property_add_byte(out, id, a[0]);
+			break;
+		case MQTT_PROP_MESSAGE_EXPIRY_INTERVAL:
+			if((a = take(p, left, 4)) == NULL) return "property";
+			rc = mosquitto_property_add_int32(out, id,
+					(uint32_t)a[0] << 24 | (uint32_t)a[1] << 16 | (uint32_t)a[2] << 8 | a[3]);
+			break;
+		case MQTT_PROP_CONTENT_TYPE:
+		case MQTT_PROP_RESPONSE_TOPIC:
+			if((a = field(p, left, &an)) == NULL || (s1 = utf8_copy(a, an)) == NULL) break;
+			if(id == MQTT_PROP_RESPONSE_TOPIC && mosquitto_pub_topic_check(s1) != MOSQ_ERR_SUCCESS){
+				break;
+			}
+			bad = NULL;
+			rc = mosquitto_property_add_string(out, id, s1);
+			break;
+		case MQTT_PROP_CORRELATION_DATA:
+			if((a = field(p, left, &an)) == NULL) return "property";
+			rc = mosquitto_property_add_binary(out, id, a, an);
+			break;
+		case MQTT_PROP_USER_PROPERTY:
+			if((a = field(p, left, &an)) == NULL || (b = field(p, left, &bn)) == NULL) break;
+			if((s1 = utf8_copy(a, an)) == NULL || (s2 = utf8_copy(b, bn)) == NULL) break;
+			bad = NULL;
+			rc = mosquitto_property_add_string_pair(out, id, s1, s2);
+			break;
+		default:
+			return "property";
+	}
+	if(id == MQTT_PROP_CONTENT_TYPE || id == MQTT_PROP_RESPONSE_TOPIC
+			|| id == MQTT_PROP_USER_PROPERTY){
+		free(s1);
+		free(s2);
+		if(bad) return bad;
+	}
+	return rc == MOSQ_ERR_SUCCESS ? NULL : "memory";
+}
+
+const char *mqfb_props(const struct mqfb_record *r, mosquitto_property **out)
+{
+	const uint8_t *p = r->props;
+	uint32_t left = r->props_len;
+	const char *why;
+	uint64_t seen = 0;
+
+	*out = NULL;
+	while(left > 0){
+		why = one_prop(&p, &left, out, &seen);
+		if(why){
+			mosquitto_property_free_all(out);
+			return why;
+		}
+	}
+	return NULL;
+}

@@ -1,0 +1,154 @@
+/* Re-injection of a whole batch inside Mosquitto (inject.h). The sidecar publishes a frame's
+ * messages as one MQFB batch to `$CONTROL/mqfed/inject` (on its control or its forwarding
+ * connection); Mosquitto hands it to this callback
+ * and never routes it (handle_publish.c: `$CONTROL/` goes to control__process). Every record
+ * is checked before any is published: a malformed batch is refused whole. Then each message is
+ * handed to mosquitto_broker_publish (appended to db.plugin_msgs) and, last, the reply to the
+ * sidecar: queue_plugin_msgs (loop.c) routes that list in order at the top of the next loop
+ * iteration, so the reply arrives once every message of the batch sits in its subscribers'
+ * queues. Injected messages are routed without a client: origin.c tells their READ checks
+ * apart (origin_injected) so that shared subscriptions and forwarding shards never get them. */
+#include <stdio.h>
+#include <string.h>
+
+#include "batch.h"
+#include "inject.h"
+#include "origin.h"
+#include "sidecar.h"
+
+struct prepared {
+	char *topic;
+	const uint8_t *payload;
+	uint32_t payload_len;
+	uint8_t qos;
+	bool retain;
+	mosquitto_property *props;
+};
+
+static uint64_t n_batches, n_messages, n_refused;
+
+/* The reply goes to the connection that sent the batch: QoS 1 to the control connection, QoS 0
+ * to the forwarding connection (whose packet ids the sidecar reads as copies in routing
+ * order, sidecar/local/midgaps.py; a lost reply is the sidecar's timeout). */
+static const char *reply_to;
+static int reply_qos;
+
+static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
+{
+	char buf[160];
+	int n;
+
+	if(error){
+		n = snprintf(buf, sizeof(buf),
+				"{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":false,\"error\":\"%s\",\"at\":%u}",
+				(unsigned long long)id, error, at);
+	}else{
+		n = snprintf(buf, sizeof(buf), "{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":true,"
+				"\"count\":%u}", (unsigned long long)id, count);
+	}
+	if(n < 0 || (size_t)n >= sizeof(buf)) return;
+	if(mosquitto_broker_publish_copy(reply_to, MQFED_INJECT_REPLY, n, buf, reply_qos, false,
+				NULL) != MOSQ_ERR_SUCCESS){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing an inject reply failed");
+	}
+}
+
+static void free_prepared(struct prepared *m, unsigned n)
+{
+	unsigned i;
+
+	for(i = 0; i < n; i++){
+		free(m[i].topic);
+		mosquitto_property_free_all(&m[i].props);
+	}
+	free(m);
+}
+
+/* Check one record and prepare it; NULL on success, else the reason. */
+static const char *prepare(const struct mqfb_record *r, struct prepared *m)
+{
+	if(r->kind != MQFB_KIND_MESSAGE) return "kind";
+	if(r->topic_len == 0 || memchr(r->topic, 0, r->topic_len) != NULL) return "topic";
+	if(mosquitto_validate_utf8(r->topic, r->topic_len) != MOSQ_ERR_SUCCESS) return "topic";
+	if(r->client_len && mosquitto_validate_utf8(r->client, r->client_len) != MOSQ_ERR_SUCCESS){
+		return "client";
+	}
+	if(r->payload_len > INT32_MAX) return "payload";
+	m->topic = malloc((size_t)r->topic_len + 1);
+	if(m->topic == NULL) return "memory";
+	memcpy(m->topic, r->topic, r->topic_len);
+	m->topic[r->topic_len] = '\0';
+	if(mosquitto_pub_topic_check(m->topic) != MOSQ_ERR_SUCCESS) return "topic";
+	m->payload = r->payload;
+	m->payload_len = r->payload_len;
+	m->qos = r->qos;
+	m->retain = r->retain;
+	return mqfb_props(r, &m->props);
+}
+
+void inject_on_control(const struct mosquitto_evt_control *ed)
+{
+	struct mqfb_batch b;
+	struct mqfb_record r;
+	struct prepared *m = NULL;
+	const char *why;
+	unsigned n = 0, i, count;
+	int rc;
+
+	if(ed->client == NULL || (ed->client != sidecar_conn() && ed->client != sidecar_fwd_conn())){
+		n_refused++; /* the ACL check already refuses this: never act on anyone else */
+		return;
+	}
+	reply_to = mosquitto_client_id(ed->client);
+	reply_qos = ed->client == sidecar_conn() ? 1 : 0;
+	why = mqfb_open(ed->payload, ed->payloadlen, &b);
+	if(why == NULL && b.count > 0){
+		m = calloc(b.count, sizeof(*m));
+		if(m == NULL) why = "memory";
+	}
+	count = b.count;
+	while(why == NULL && n < count){
+		why = mqfb_next(&b, &r);
+		if(why == NULL) why = prepare(&r, &m[n]);
+		n++; /* a half-prepared record is freed with the rest */
+	}
+	if(why == NULL && b.left != 0) why = "trailing";
+	if(why){
+		n_refused++;
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: refusing an inject batch (%s at record %u)",
+				why, n ? n - 1 : 0);
+		reply(b.id, why, 0, n ? n - 1 : 0);
+		free_prepared(m, n);
+		return;
+	}
+	for(i = 0; i < n; i++){
+		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos);
+		rc = mosquitto_broker_publish_copy(NULL, m[i].topic, (int)m[i].payload_len,
+				m[i].payload, m[i].qos, m[i].retain, m[i].props);
+		if(rc != MOSQ_ERR_SUCCESS){
+			/* out of memory: the sidecar sends the batch again (those before i twice) */
+			mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: injecting a message failed (%d)", rc);
+			n_messages += i;
+			reply(b.id, "memory", 0, i);
+			free_prepared(m, n);
+			return;
+		}
+		m[i].props = NULL; /* Mosquitto owns them now */
+	}
+	n_batches++;
+	n_messages += n;
+	reply(b.id, NULL, n, 0);
+	free_prepared(m, n);
+}
+
+void inject_stats(struct inject_stats *s)
+{
+	s->batches = n_batches;
+	s->messages = n_messages;
+	s->refused = n_refused;
+}
+
+void inject_cleanup(void)
+{
+	n_batches = n_messages = n_refused = 0;
+}

@@ -1,0 +1,22 @@
+/* `$CONTROL/mqfed/inject`: a batch of messages from peers, re-injected inside Mosquitto
+ * (inject.c; docs/plugin-protocol.md, "Batches"). */
+#ifndef MQFED_INJECT_H
+#define MQFED_INJECT_H
+
+#include "util.h"
+
+#define MQFED_INJECT_TOPIC "$CONTROL/mqfed/inject"
+#define MQFED_INJECT_REPLY "$SYS/broker/mqfed/replies/inject"
+#define INJECT_MAX_RECORDS 65535u
+
+struct inject_stats {
+	uint64_t batches;          /* batches injected */
+	uint64_t messages;         /* messages injected */
+	uint64_t refused;          /* batches refused (malformed, or not from the sidecar) */
+};
+
+void inject_on_control(const struct mosquitto_evt_control *ed);
+void inject_stats(struct inject_stats *s);
+void inject_cleanup(void);
+
+#endif

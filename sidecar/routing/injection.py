@@ -1,0 +1,106 @@
+"""Re-injection of a peer's frame as one batch (issue 25, slice 1; an adapter).
+
+With `routing.inject_batches` the receiving sidecar hands the plain messages of each frame to
+the plugin as one MQFB batch (`sidecar.local.batch`), published at QoS 0 to
+`$CONTROL/mqfed/inject` on the forwarding connection, instead of one PUBLISH per message. The
+plugin re-injects them inside Mosquitto and answers once they are all in their subscribers'
+queues: then the QoS > 0 ones are confirmed (acknowledged to their origin). A batch refused
+or unanswered within `REPLY_TIMEOUT` goes again message by message through the forwarding
+connection (duplicates are possible if the plugin had injected it after all; order is not
+kept across that fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from sidecar.local.batch import Record, encode_batch, encode_record
+from sidecar.routing.forwarder import Envelope
+
+log = logging.getLogger("mqfed.routing")
+
+REPLY_TIMEOUT = 10.0
+MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB limit: ~28 MiB)
+MAX_BATCH_RECORDS = 10_000
+
+
+class Injector(Protocol):
+    """What the forwarding connection provides (`sidecar.local.forward_shards`)."""
+
+    def inject(self, batch_id: int, batch: bytes) -> asyncio.Future: ...
+
+    def forget_injection(self, batch_id: int) -> None: ...
+
+
+Item = tuple[int, Envelope]   # (ticket, message)
+
+
+class BatchInjection:
+    """Sends batches and reports which tickets Mosquitto holds or which items failed."""
+
+    def __init__(self, injector: Injector, on_held: Callable[[list[int]], None],
+                 on_failed: Callable[[list[Item]], None]) -> None:
+        self.injector = injector
+        self.on_held = on_held
+        self.on_failed = on_failed
+        self._ids = itertools.count(1)
+        self._tickets = itertools.count(-1, -1)   # apart from the forwarding client's (> 0)
+        self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0}
+
+    def ticket(self) -> int:
+        """A ticket for one message of a batch."""
+        return next(self._tickets)
+
+    def send(self, items: Sequence[Item]) -> None:
+        """Batch `items` (in order) and hand them to the plugin."""
+        chunk: list[Item] = []
+        records: list[bytes] = []
+        size = 0
+        for item in items:
+            env = item[1]
+            rec = encode_record(Record(env.topic, env.payload, env.qos, seq=env.origin_seq,
+                                       hlc=env.hlc, properties=env.properties))
+            if chunk and (size + len(rec) > MAX_BATCH_BYTES or len(chunk) >= MAX_BATCH_RECORDS):
+                self._send(chunk, records)
+                chunk, records, size = [], [], 0
+            chunk.append(item)
+            records.append(rec)
+            size += len(rec)
+        if chunk:
+            self._send(chunk, records)
+
+    def _send(self, chunk: list[Item], records: list[bytes]) -> None:
+        batch_id = next(self._ids)
+        future = self.injector.inject(batch_id, encode_batch(batch_id, records))
+        timer = asyncio.get_running_loop().call_later(REPLY_TIMEOUT, self._timed_out,
+                                                      batch_id, future, chunk)
+        future.add_done_callback(lambda f: self._answered(f, timer, chunk))
+
+    def _timed_out(self, batch_id: int, future: asyncio.Future, chunk: list[Item]) -> None:
+        self.injector.forget_injection(batch_id)
+        future.cancel()
+        self.counters["timeouts"] += 1
+        log.warning("the plugin did not answer an inject batch: sending it message by message",
+                    extra={"messages": len(chunk)})
+        self.on_failed(chunk)
+
+    def _answered(self, future: asyncio.Future, timer: asyncio.TimerHandle,
+                  chunk: list[Item]) -> None:
+        if future.cancelled():
+            return
+        timer.cancel()
+        reply = future.result()
+        if not reply.get("ok"):
+            self.counters["refused"] += 1
+            log.error("the plugin refused an inject batch: sending it message by message",
+                      extra={"error": reply.get("error"), "at": reply.get("at"),
+                             "messages": len(chunk)})
+            self.on_failed(chunk)
+            return
+        self.counters["batches"] += 1
+        self.counters["messages"] += len(chunk)
+        self.on_held([ticket for ticket, env in chunk if env.qos])

@@ -1,0 +1,193 @@
+"""A batch of messages from peers re-injected inside Mosquitto (`$CONTROL/mqfed/inject`,
+issue 25): every message reaches plain subscribers in order with its properties, never a
+shared subscription nor the forwarding connections; a malformed batch is refused whole."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sidecar.local.batch import (
+    INJECT_REPLY,
+    INJECT_TOPIC,
+    Record,
+    encode_batch,
+    encode_record,
+)
+from sidecar.message import MessageProperties
+from tests.system.plugin.helpers import (
+    SECRET,
+    SIDECAR_ID,
+    SIDECAR_USER,
+    Client,
+    FakeSidecar,
+    RawClient,
+    user_props,
+)
+
+FWD_ID = SIDECAR_ID + ".fwd"
+PROPS = MessageProperties(user=(("k", "v"), ("k", "w")), content_type="text/plain",
+                          payload_format=1, correlation_data=b"\x00c", response_topic="r/1",
+                          message_expiry=300)
+
+
+class Net:
+    """A broker, the fake sidecar, `.fwd` (plain and shared forwarding subscriptions), a plain
+    v5 subscriber and two members of a shared group."""
+
+    def __init__(self, make_broker, clients) -> None:
+        self.clients = clients
+        self.b = make_broker()
+        self.sc = clients(FakeSidecar(self.b.sock)).start()
+        self.fwd = clients(RawClient(FWD_ID, sock=self.b.sock, username=SIDECAR_USER,
+                                     password=SECRET, clean_start=False, session_expiry=3600))
+        self.fwd.connect()
+        assert self.fwd.subscribe("t/#", 2, no_local=True, sub_id=1) == [2]
+        assert self.fwd.subscribe("$share/g/t/#", 2, sub_id=2) == [2]
+        self.plain = self.paho("plain", "t/#")
+        self.m1 = self.paho("m1", "$share/g/t/#")
+        self.m2 = self.paho("m2", "$share/g/t/#")
+        self.batch_id = 0
+
+    def paho(self, cid: str, filt: str) -> Client:
+        c = self.clients(Client(cid, port=self.b.port))
+        c.connect()
+        assert c.subscribe(filt, 2) == [2]
+        return c
+
+    def inject(self, data: bytes | None = None, records: list | None = None,
+               timeout: float = 5.0) -> dict:
+        """Send a batch; the plugin's reply to it."""
+        self.batch_id += 1
+        if data is None:
+            data = encode_batch(self.batch_id, records or [])
+        self.sc.send(data, topic=INJECT_TOPIC)
+        deadline = time.monotonic() + timeout
+        with self.sc.cond:
+            while True:
+                for r in self.sc.replies.get(None, []):
+                    if r.get("cmd") == "inject" and r.get("batch") == self.batch_id:
+                        return r
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no reply to inject batch {self.batch_id}")
+                self.sc.cond.wait(left)
+
+    def settle(self) -> None:
+        """Everything published so far has been routed and delivered."""
+        mark = f"mark-{time.monotonic_ns()}".encode()
+        self.sc.publish("t/mark", mark, qos=1)
+        assert self.plain.wait_messages(lambda m: m.payload == mark)
+        time.sleep(0.3)
+
+    def shared(self) -> list[bytes]:
+        return [m.payload for c in (self.m1, self.m2) for m in c.messages
+                if m.topic != "t/mark"]
+
+    def fwd_copies(self) -> list[bytes]:
+        return [m.payload for m in self.fwd.received(
+            lambda m: m.topic != "t/mark" and m.topic != INJECT_REPLY)]
+
+
+@pytest.fixture
+def net(make_broker, clients) -> Net:
+    return Net(make_broker, clients)
+
+
+def plain(net: Net) -> list[tuple[str, bytes, int]]:
+    return [(m.topic, m.payload, m.qos) for m in net.plain.messages if m.topic != "t/mark"]
+
+
+def test_a_batch_reaches_plain_subscribers_in_order_with_its_properties(net):
+    recs = [Record("t/a", b"A0", 0, properties=PROPS, client="pub-1", seq=1),
+            Record("t/a", b"A1", 1, seq=2), Record("t/b", b"B2", 2, seq=3),
+            Record("t/e", b"", 1, seq=4)]
+    # one record encoded apart: a batch is the records' bytes joined
+    reply = net.inject(data=encode_batch(1, [encode_record(r) for r in recs]))
+    assert reply == {"v": 1, "cmd": "inject", "batch": 1, "ok": True, "count": 4}
+    net.settle()
+    got = plain(net)   # paho hands a QoS 2 message over at its PUBREL: order within QoS < 2
+    assert [g for g in got if g[2] < 2] == [("t/a", b"A0", 0), ("t/a", b"A1", 1),
+                                            ("t/e", b"", 1)]
+    assert sorted(got) == sorted([("t/a", b"A0", 0), ("t/a", b"A1", 1), ("t/b", b"B2", 2),
+                                  ("t/e", b"", 1)])
+    p = net.plain.messages[0].properties
+    assert user_props(p) == [("k", "v"), ("k", "w")]
+    assert (p.ContentType, p.PayloadFormatIndicator, p.CorrelationData, p.ResponseTopic) == (
+        "text/plain", 1, b"\x00c", "r/1")
+    assert 0 < p.MessageExpiryInterval <= 300
+    # never a shared member (the origin's group already picked one), never `.fwd` (a loop)
+    assert net.shared() == [] and net.fwd_copies() == []
+    st = net.sc.call("stats")
+    assert (st["inject_batches"], st["inject_messages"], st["inject_refused"]) == (1, 4, 0)
+    # each message: the group's one pick, and `.fwd`'s plain subscription (No Local cannot
+    # apply: an injected message has no publisher)
+    assert st["fwd_shared_denied"] == 4 * 2
+
+    # ordinary traffic right after is routed as before: one member each, `.fwd` gets its copy
+    pub = net.clients(Client("pub", port=net.b.port))
+    pub.connect()
+    for i in range(4):
+        pub.publish("t/o", f"O{i}".encode(), qos=1)
+    net.settle()
+    # each exactly once in the group (m1, m2 or `.fwd`'s membership), and `.fwd` has every
+    # one (through its plain subscription, the group's pick perhaps as well)
+    picked_fwd = [m.payload for m in net.fwd.received(
+        lambda m: 2 in m.sub_ids and m.topic == "t/o")]
+    assert sorted(net.shared() + picked_fwd) == [b"O0", b"O1", b"O2", b"O3"]
+    assert sorted({m.payload for m in net.fwd.received(lambda m: m.topic == "t/o")}) == [
+        b"O0", b"O1", b"O2", b"O3"]
+
+
+def test_many_equal_messages_and_messages_without_subscribers(net):
+    """Records nobody subscribes to make no READ check: the plugin passes over them."""
+    recs = []
+    for i in range(50):
+        recs.append(Record("u/none", b"x", 1))          # no subscriber at all
+        recs.append(Record("t/same", b"same", i % 3))   # equal messages
+    assert net.inject(records=recs)["count"] == 100
+    net.settle()
+    assert [p for _, p, _ in plain(net)] == [b"same"] * 50
+    assert net.shared() == [] and net.fwd_copies() == []
+
+
+@pytest.mark.parametrize("bad", [
+    b"MQFB",                                                      # short header
+    b"XQFB\x01\x00\x01\x00" + bytes(8),                           # magic
+    encode_batch(0, [Record("t/ok", b"1", 1)])[:-1],              # truncated record
+    encode_batch(0, [Record("t/ok", b"1", 1)]) + b"\x00",         # trailing bytes
+    encode_batch(0, [Record("t/ok", b"1", 1), Record("t/#", b"2", 1)]),   # a wildcard topic
+    encode_batch(0, [Record("t/ok", b"1", 1), Record("t/x", b"2", 1, kind=7)]),
+    encode_batch(0, [Record("t/ok", b"1", 1)])[:-15] + b"\x0b\x01" + bytes(13),
+])
+def test_a_malformed_batch_is_refused_whole(net, bad):
+    net.batch_id = -1   # the reply names batch 0 (or, for a short header, batch 0 too)
+    reply = net.inject(data=bad)
+    assert reply["ok"] is False and reply["error"]
+    net.settle()
+    assert plain(net) == [] and net.shared() == []
+    assert net.sc.call("stats")["inject_refused"] == 1
+
+
+def test_only_the_sidecar_may_inject(net):
+    other = net.clients(Client("intruder", port=net.b.port))
+    other.connect()
+    other.publish(INJECT_TOPIC, encode_batch(1, [Record("t/x", b"evil", 1)]), qos=1)
+    net.settle()
+    assert plain(net) == []
+
+
+def test_the_forwarding_connection_injects_and_gets_its_reply_at_qos_0(net):
+    """The sidecar sends batches on `.fwd` (its hot path): the reply comes back there, at QoS 0
+    (no packet id among the copies it tracks in order)."""
+    net.fwd.publish(INJECT_TOPIC, encode_batch(9, [Record("t/f", b"F1", 1)]), qos=0)
+    assert net.plain.wait_messages(lambda m: m.payload == b"F1")
+    deadline = time.monotonic() + 5
+    while not (replies := net.fwd.received(lambda m: m.topic == INJECT_REPLY)):
+        assert time.monotonic() < deadline, "no inject reply on .fwd"
+        time.sleep(0.05)
+    assert [(json.loads(m.payload), m.qos) for m in replies] == [
+        ({"v": 1, "cmd": "inject", "batch": 9, "ok": True, "count": 1}, 0)]
+    assert net.fwd_copies() == [] and net.shared() == []
