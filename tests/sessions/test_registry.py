@@ -272,23 +272,25 @@ def test_a_copy_being_drained_keeps_its_client_out_and_a_failed_drain_lets_it_ba
     assert admits == [Admit("dev")] and "dev" not in n1.denied
 
 
-def _ordered(c: Cluster, node: str, *peers: str) -> None:
-    """`node` sees `peers` up, each marking the end of its hand-overs (`session-order`)."""
-    c.nodes[node].up = set(peers)
-    c.nodes[node].ordered = set(peers)
+def _arriving(up: set[str], ordered: set[str]) -> tuple[Cluster, SessionRegistry]:
+    """`dev`'s session made on n1, offline; its client tries n3, which sees `up` (the peers up)
+    and `ordered` (those marking the end of their hand-overs: `session-order`) and makes the
+    session (its Hold taken from the actions)."""
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    n3 = c.nodes["n3"]
+    n3.up, n3.ordered = set(up), set(ordered)
+    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    c.run("n3", n3.on_materialized("dev", True, c.now))
+    return c, n3
 
 
 def test_a_moved_client_gets_the_old_queue_before_what_reaches_it_meanwhile():
     """Its copy is held live until the old owner's last backlog frame is in: the plugin keeps
     what reaches the client there until then."""
-    c = Cluster()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
-    n3 = c.nodes["n3"]
-    _ordered(c, "n3", "n1", "n2")
-    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
     assert c.take("n3", Hold) == [Hold("dev", True, live=True)]
-    c.run("n3", n3.on_materialized("dev", True, c.now))
     c.connect("n3", "dev", present=True)
     assert c.take("n3", Hold) == []  # still held: the old queue comes first
     assert c.take("n1", Drain) == [Drain("dev", "n3", ())]
@@ -298,13 +300,7 @@ def test_a_moved_client_gets_the_old_queue_before_what_reaches_it_meanwhile():
 
 
 def test_a_live_hold_without_the_end_of_the_old_queue_goes_off_after_a_while():
-    c = Cluster()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
-    n3 = c.nodes["n3"]
-    _ordered(c, "n3", "n1")
-    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
-    c.run("n3", n3.on_materialized("dev", True, c.now))
+    c, n3 = _arriving({"n1"}, {"n1"})
     c.connect("n3", "dev", present=True)
     c.take("n3", Hold)
     assert n3.on_tick(c.now + LIVE_HOLD_MS - 1) == []
@@ -313,39 +309,21 @@ def test_a_live_hold_without_the_end_of_the_old_queue_goes_off_after_a_while():
 
 
 def test_no_live_hold_when_the_old_owner_does_not_mark_its_last_frame_or_is_down():
-    for ordered, up in ((set(), {"n1"}), ({"n1"}, set())):
-        c = Cluster()
-        c.connect("n1", "dev")
-        c.disconnect("n1", "dev")
-        n3 = c.nodes["n3"]
-        n3.up, n3.ordered = set(up), set(ordered)
-        c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
+    for up, ordered in (({"n1"}, set()), (set(), {"n1"})):
+        c, _ = _arriving(up, ordered)
         assert c.take("n3", Hold) == [Hold("dev", True)]
-        c.run("n3", n3.on_materialized("dev", True, c.now))
         c.connect("n3", "dev", present=True)
         assert c.take("n3", Hold) == [Hold("dev", False)]
 
 
 def test_a_clean_start_or_a_move_onwards_ends_a_live_hold():
-    c = Cluster()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
-    n3 = c.nodes["n3"]
-    _ordered(c, "n3", "n1", "n2")
-    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
-    c.run("n3", n3.on_materialized("dev", True, c.now))
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
     c.take("n3", Hold)
     c.connect("n3", "dev", clean=True)  # a fresh session: nothing comes to wait for
     assert c.take("n3", Hold) == [Hold("dev", False)] and not n3.awaiting
     # resumed, then gone on to n2 before n1's queue arrived: n3 drains (the adapter holds it
     # plain, and the plugin hands what the live hold kept to the session first)
-    c = Cluster()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
-    n3 = c.nodes["n3"]
-    _ordered(c, "n3", "n1", "n2")
-    c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
-    c.run("n3", n3.on_materialized("dev", True, c.now))
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
     c.connect("n3", "dev", present=True)
     c.disconnect("n3", "dev")
     c.connect("n2", "dev", present=True)

@@ -130,7 +130,8 @@ static void op_disconnect(struct run *r, struct input *in)
 	if(c && c->state == FAKE_CS_ACTIVE) broker_disconnect(c, keep);
 }
 
-static void op_control(struct run *r, struct input *in)
+/* A PUBLISH of a slot's client to one of the plugin's $CONTROL topics. */
+static void control_to(struct run *r, struct input *in, const char *topic)
 {
 	struct mosquitto *c = slot_client(r, in);
 	struct mosquitto_evt_control ed;
@@ -140,7 +141,7 @@ static void op_control(struct run *r, struct input *in)
 	if(c && c->state == FAKE_CS_ACTIVE){
 		memset(&ed, 0, sizeof(ed));
 		ed.client = c;
-		ed.topic = "$CONTROL/mqfed/v1";
+		ed.topic = topic;
 		ed.payload = payload;
 		ed.payloadlen = (uint32_t)len;
 		ed.qos = 1;
@@ -149,23 +150,14 @@ static void op_control(struct run *r, struct input *in)
 	free(payload);
 }
 
+static void op_control(struct run *r, struct input *in)
+{
+	control_to(r, in, "$CONTROL/mqfed/v1");
+}
+
 static void op_inject(struct run *r, struct input *in)
 {
-	struct mosquitto *c = slot_client(r, in);
-	struct mosquitto_evt_control ed;
-	size_t len;
-	char *payload = str(in, &len);
-
-	if(c && c->state == FAKE_CS_ACTIVE){
-		memset(&ed, 0, sizeof(ed));
-		ed.client = c;
-		ed.topic = "$CONTROL/mqfed/inject";
-		ed.payload = payload;
-		ed.payloadlen = (uint32_t)len;
-		ed.qos = 1;
-		broker_call(MOSQ_EVT_CONTROL, &ed);
-	}
-	free(payload);
+	control_to(r, in, "$CONTROL/mqfed/inject");
 }
 
 static void op_acl(struct run *r, struct input *in)
