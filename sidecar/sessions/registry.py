@@ -201,7 +201,7 @@ class SessionRegistry:
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
         "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0, "ordered_moves": 0,
-        "order_timeouts": 0})
+        "order_timeouts": 0, "order_moved_on": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -583,9 +583,12 @@ class SessionRegistry:
             self.live_held.discard(client)
         return Hold(client, True, live=live)
 
-    def _unlive(self, client: str) -> None:
+    def _unlive(self, client: str, moved_on: bool = False) -> None:
+        """`client` is no longer held live here (`moved_on`: its client went elsewhere
+        before the old queue was in: that queue follows it later, after this one)."""
         self.live_held.discard(client)
-        self.awaiting.pop(client, None)
+        if self.awaiting.pop(client, None) is not None and moved_on:
+            self.counters["order_moved_on"] += 1
 
     def on_backlog_in(self, client: str, now_ms: int) -> list[Action]:
         """The old owner's whole queue for `client` was delivered here: what reached the
@@ -660,11 +663,11 @@ class SessionRegistry:
                 self.busy[client] = "drain"  # the adapter holds it after the barrier
                 self.holding.add(client)
                 self._unreplicate(client)
-                self._unlive(client)  # (the plugin hands what a live hold kept in first)
+                self._unlive(client, moved_on=True)  # (the plugin hands what it kept in first)
                 return out + [Drain(client, record.owner, tuple(record.subscriptions))]
             self.busy[client] = "discard"
             self._unreplicate(client)
-            self._unlive(client)
+            self._unlive(client, moved_on=True)
             return out + [Discard(client)]
         if copied is None:
             return []

@@ -328,5 +328,5 @@ def test_a_clean_start_or_a_move_onwards_ends_a_live_hold():
     c.disconnect("n3", "dev")
     c.connect("n2", "dev", present=True)
     assert c.take("n3", Drain) == [Drain("dev", "n2", ())]
-    assert not n3.awaiting and not n3.live_held
+    assert not n3.awaiting and not n3.live_held and n3.counters["order_moved_on"] == 1
     assert n3.on_backlog_in("dev", c.now) == []

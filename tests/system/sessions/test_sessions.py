@@ -93,7 +93,7 @@ def _twenty_moves(cluster, dev: Device, topic: str, qos: int, front: bool = Fals
 def _session_counts(cluster) -> dict[str, dict]:
     keys = ("backlog_sent", "backlog_received", "backlog_failed", "sync_timeouts", "failures",
             "drained", "moves", "unreleased_sent", "unreleased_received", "unreleased_refused",
-            "ordered_moves", "order_timeouts")
+            "ordered_moves", "order_timeouts", "order_moved_on")
     return {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
                 if k in keys} for n in ("n1", "n2", "n3")}
 
@@ -145,13 +145,15 @@ def test_a_client_moving_under_traffic_gets_every_message_in_publish_order(share
     breaks = [(a, b) for a, b in zip(firsts, firsts[1:], strict=False) if b < a]
     counts = _session_counts(cluster)
     grew = {k: sum(c.get(k, 0) for c in counts.values())
-            - sum(c.get(k, 0) for c in before.values()) for k in ("ordered_moves",
-                                                                  "order_timeouts", "moves")}
+            - sum(c.get(k, 0) for c in before.values())
+            for k in ("ordered_moves", "order_timeouts", "order_moved_on", "moves")}
     print(f"6 moves at QoS {qos}: {len(sent)} sent, {len(got) - len(set(got))} duplicates, "
           f"{len(breaks)} order breaks; {grew}")
     assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; {counts}"
-    assert grew["ordered_moves"] >= 5, grew  # (the state files lag a little)
-    assert not breaks or grew["order_timeouts"] > 0, (breaks[:5], grew)
+    # (the state files lag a little; a hand-over slower than the 1.5 s between moves, on a
+    # loaded machine, counts as moved_on)
+    assert grew["ordered_moves"] + grew["order_moved_on"] + grew["order_timeouts"] >= 5, grew
+    assert not breaks or grew["order_timeouts"] + grew["order_moved_on"] > 0, (breaks[:5], grew)
     dev.leave()
 
 
