@@ -36,8 +36,8 @@ log = logging.getLogger("mqfed.routing")
 INLINE_OPS = 256
 """A batch of at most this many journal ops, with nothing being written, is committed on the loop
 (~0.3 ms for a churn delta's ~30): a worker thread's round trip cost each delta two thread
-wake-ups, 2 ms at the median and 40 ms at p99 on a busy 2-core machine, the largest part of the
-interest lag (docs/performance.md "Per-delta cost")."""
+wake-ups and two hand-overs of the GIL, 2 ms at the median and 40 ms at p99 on an idle 2-core
+machine, 30-50 ms and hundreds at load 8-11 (docs/performance.md "Per-delta cost")."""
 
 CHECKPOINT_OPS = 20_000
 """Journal ops written between write-ahead-log checkpoints (run on the worker thread)."""
