@@ -78,9 +78,9 @@ def _write_text(path: Path, text: str) -> None:
 class StatusWriter:
     """Writes the status file on a worker thread, one write at a time, the newest text next
     (writes that came meanwhile are skipped). The text is made on the loop, so it is one
-    moment's status; the file system calls (open, write, rename: every 0.2-0.5 s) took 12 % of
-    a busy sidecar's loop under the scale benchmark's churn, tens of ms each on a loaded disk,
-    and delayed every frame behind them (docs/performance.md "Per-delta cost")."""
+    moment's status; the file system calls (open, write, rename: every 0.2-0.5 s), tens of ms
+    each on a loaded disk, were 6-12 % of a busy sidecar's loop under the scale benchmark's
+    churn and delayed every frame behind them (docs/performance.md "Per-delta cost")."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
