@@ -34,7 +34,7 @@ from sidecar.membership.etcd import EtcdMembership
 from sidecar.membership.etcd_access import EtcdAccessError, load_etcd_access
 from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_peers
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
-from sidecar.node.status import node_status, write_status
+from sidecar.node.status import StatusWriter, node_status
 from sidecar.node.sync import PluginSync
 from sidecar.peering.handshake import SESSIONS, WILLS, Hello
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
@@ -63,6 +63,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.layout = NodeLayout(config.run_dir)
+        self._status_file = StatusWriter(self.layout.state_path)
         self.sync = PluginSync(self.layout.socket_path, on_interest=self._on_interest,
                                on_retained=self._on_retained, on_changed=self._changed,
                                on_fatal=self._on_protocol_error,
@@ -148,7 +149,7 @@ class Node:
         return node_status(self, self.layout.socket_path)
 
     def _publish_status(self) -> None:
-        write_status(self.layout.state_path, self.status())
+        self._status_file.submit(self.status())  # (the file system calls off the loop)
         self._state_dirty = False
 
     async def _ticker(self) -> None:
@@ -426,7 +427,7 @@ class Node:
             if self.broker is not None:
                 await self.broker.stop()
                 self.layout.remove_fallback_socket_dir()
-            self._publish_status()
+            self._status_file.close(self.status())
         return 3 if self.protocol_error else 0
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sidecar.node.facts import NodeView
+
+log = logging.getLogger("mqfed.node")
 
 DETAIL_LIMIT = 1000
 """Filters or sessions above which the per-filter and per-session detail is left out."""
@@ -61,6 +66,57 @@ def _detail(node: NodeView, limit: int) -> dict[str, Any]:
 
 def write_status(path: Path, status: dict[str, Any]) -> None:
     """Write `status` atomically (readers never see half a file)."""
+    _write_text(path, json.dumps(status, indent=1, sort_keys=True))
+
+
+def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(status, indent=1, sort_keys=True))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+class StatusWriter:
+    """Writes the status file on a worker thread, one write at a time, the newest text next
+    (writes that came meanwhile are skipped). The text is made on the loop, so it is one
+    moment's status; the file system calls (open, write, rename: every 0.2-0.5 s), tens of ms
+    each on a loaded disk, were 6-12 % of a busy sidecar's loop under the scale benchmark's
+    churn and delayed every frame behind them (docs/performance.md "Per-delta cost")."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status-file")
+        self._running = False
+        self._next: str | None = None
+        self.written = 0  # writes started
+        self.skipped = 0  # texts replaced by a newer one before their write started
+
+    def submit(self, status: dict[str, Any]) -> None:
+        """Write `status` soon (on the loop; the write itself on the worker)."""
+        text = json.dumps(status, indent=1, sort_keys=True)
+        if self._running:
+            if self._next is not None:
+                self.skipped += 1
+            self._next = text
+            return
+        self._start(text)
+
+    def _start(self, text: str) -> None:
+        self._running = True
+        self.written += 1
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, _write_text, self.path, text)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future) -> None:
+        self._running = False
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("status file not written: %s", fut.exception(),
+                        extra={"path": str(self.path)})
+        if self._next is not None:
+            text, self._next = self._next, None
+            self._start(text)
+
+    def close(self, status: dict[str, Any]) -> None:
+        """The last status: written at once, after any write still running."""
+        self._pool.shutdown(wait=True)
+        self._next = None
+        write_status(self.path, status)

@@ -30,11 +30,13 @@ _HANDSHAKE_BODIES = frozenset({"hello", "welcome", "refuse"})
 class Counters:
     """Traffic of one stream direction of one peer (kept across reconnects)."""
 
-    __slots__ = ("frames_in", "frames_out", "bytes_in", "bytes_out", "unknown_in", "unexpected_in")
+    __slots__ = ("frames_in", "frames_out", "bytes_in", "bytes_out", "unknown_in", "unexpected_in",
+                 "superseded_out")
 
     def __init__(self) -> None:
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
         self.unknown_in = self.unexpected_in = 0
+        self.superseded_out = 0  # cumulative frames replaced by a newer one before being written
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -81,7 +83,8 @@ class FrameStream:
         self._on_drained = on_drained
         self._heartbeat_interval = heartbeat_interval
         self._dead_after = dead_after
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[bytes | str] = deque()  # a str: the key of a frame in _latest
+        self._latest: dict[str, bytes] = {}  # cumulative frames waiting, by key (send_latest)
         self._writing = False
         self.queued_bytes = 0
         self._wakeup = asyncio.Event()
@@ -107,6 +110,23 @@ class FrameStream:
         self._wakeup.set()
         return True
 
+    def send_latest(self, key: str, data: bytes) -> bool:
+        """Queue a cumulative frame (one that says everything an earlier one of the same `key`
+        said, as `InterestApplied(version)` does): if one of `key` still waits, it is replaced
+        in its place, so a busy stream writes only the newest. False once the stream is closed."""
+        if self.closed:
+            return False
+        old = self._latest.get(key)
+        self._latest[key] = data
+        if old is None:
+            self._queue.append(key)
+            self.queued_bytes += len(data)
+            self._wakeup.set()
+        else:
+            self.counters.superseded_out += 1
+            self.queued_bytes += len(data) - len(old)
+        return True
+
     def close(self, reason: str, *, local: bool = True) -> None:
         """End the stream (idempotent); queued frames are dropped."""
         if self.closed:
@@ -115,6 +135,7 @@ class FrameStream:
         self.closed_locally = local
         self.reason = reason
         self._queue.clear()
+        self._latest.clear()
         self.queued_bytes = 0
         if not self._done.done():
             self._done.set_result(None)
@@ -183,7 +204,8 @@ class FrameStream:
             while not queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            data = queue.popleft()
+            item = queue.popleft()
+            data = self._latest.pop(item) if isinstance(item, str) else item
             self.queued_bytes -= len(data)
             self._writing = True
             try:

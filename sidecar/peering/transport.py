@@ -249,6 +249,12 @@ class PeerTransport:
         p = self._peers.get(peer)
         return p is not None and self._enqueue(p.inbound, frame, p, p.in_caps)
 
+    def reply_latest(self, peer: str, key: str, frame: peer_pb2.Frame | bytes) -> bool:
+        """`reply` a cumulative frame: one of `key` still queued on that stream is replaced by
+        it (`FrameStream.send_latest`)."""
+        p = self._peers.get(peer)
+        return p is not None and self._enqueue(p.inbound, frame, p, p.in_caps, key)
+
     def capabilities(self, peer: str) -> frozenset[str] | None:
         """What the handshake with `peer` settled on (our stream to it first; None: no stream
         was ever up)."""
@@ -298,7 +304,7 @@ class PeerTransport:
     # ---- internals ---------------------------------------------------------------------------
 
     def _enqueue(self, stream: FrameStream | None, frame: peer_pb2.Frame | bytes, p: _Peer,
-                 caps: frozenset[str]) -> bool:
+                 caps: frozenset[str], latest: str | None = None) -> bool:
         if stream is None or not stream.announced or stream.closed:
             return False
         data = wire.encode(frame)
@@ -311,7 +317,7 @@ class PeerTransport:
                 f"a frame of {len(data)} bytes for peer {stream.peer!r} exceeds"
                 f" max_message_bytes={self.max_message_bytes}: send smaller batches"
             )
-        return stream.send(data)
+        return stream.send(data) if latest is None else stream.send_latest(latest, data)
 
     @staticmethod
     def _stream_state(stream: FrameStream | None, down: str, counters: Counters) -> dict:

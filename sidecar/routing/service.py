@@ -460,7 +460,8 @@ class RoutingService(CatchUpWiring):
         def then() -> None:
             self._issue(local)
             if version is not None:  # (a peer before 1.1 ignores it)
-                self.transport.reply(applied, peer_frames.interest_applied_frame(version))
+                self.transport.reply_latest(applied, "interest_applied",
+                                            peer_frames.interest_applied_frame(version))
             if after is not None:
                 after()
 

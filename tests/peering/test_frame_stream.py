@@ -72,3 +72,46 @@ def test_bytes_that_are_not_a_frame_end_the_stream_with_a_clear_reason() -> None
         assert closed == [wire.NOT_A_FRAME] and stream.closed_locally and frames == []
 
     asyncio.run(main())
+
+
+def test_a_cumulative_frame_replaces_the_one_still_queued() -> None:
+    """`send_latest`: while the stream is busy, a newer answer of the same key takes the place
+    of the one waiting (InterestApplied(v) says all InterestApplied(v-1) said), so a busy
+    stream writes one answer per key, the newest, in the place of the first."""
+    async def main() -> None:
+        release = asyncio.Event()
+        written: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            await release.wait()
+            written.append(data)
+
+        async def read():
+            await asyncio.Event().wait()
+
+        counters = Counters()
+        stream = FrameStream("p", True, read, write, on_frame=lambda *a: None,
+                             on_closed=lambda *a: None, counters=counters,
+                             heartbeat_interval=60, dead_after=120)
+        task = asyncio.create_task(stream.run())
+        await asyncio.sleep(0.01)  # the first heartbeat is being written, and blocks
+        assert stream.send_latest("applied", b"v1")
+        stream.send(b"other")
+        assert stream.send_latest("applied", b"v2")
+        assert stream.send_latest("applied", b"v3")
+        assert stream.queued == 2 and stream.queued_bytes == len(b"v3") + len(b"other")
+        release.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+            if not stream.busy:
+                break
+        assert written[1:] == [b"v3", b"other"]
+        assert counters.superseded_out == 2 and counters.frames_out == 3
+        stream.send_latest("applied", b"v4")  # nothing of that key waits: queued anew
+        await asyncio.sleep(0.01)
+        assert written[-1] == b"v4" and counters.superseded_out == 2
+        stream.close("done")
+        assert not stream.send_latest("applied", b"v5")
+        await task
+
+    asyncio.run(main())
