@@ -575,8 +575,7 @@ class SessionRegistry:
         that node is up and marks the end of its hand-over (then the client gets the queue
         it left there before what reaches it here meanwhile)."""
         self.holding.add(client)
-        live = record.owner in self.up and record.owner in self.ordered \
-            and record.owner != self.node_id
+        live = record.owner in self.up and record.owner in self.ordered  # (up: peers only)
         if live:
             self.live_held.add(client)
         else:

@@ -70,6 +70,7 @@ static unsigned releasing;
 static unsigned rings;           /* ring holds */
 static unsigned armed;           /* armed live holds */
 static unsigned lives;           /* live holds: a connected client's checks look only then */
+static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
 static uint64_t ring_bytes, ring_messages, replayed;
 
 static struct hold *find(const char *id)
@@ -265,7 +266,7 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 		}
 		if(ring_bytes + len > RING_BYTES_TOTAL || len > RING_BYTES_PER_HOLD) return true;
 	}
-	now = now_ms();
+	if(live) now = now_ms(); /* (the ring's branch has it) */
 	m = calloc(1, sizeof(*m));
 	if(m == NULL) return !live; /* a live hold lets it through rather than lose it */
 	if(!ring_meta(id, m, topic, payload, len, qos, live && online)){
@@ -303,8 +304,11 @@ void hold_tick(void)
 	if(armed > 0){
 		int64_t now = mono_ms();
 
-		HASH_ITER(hh, holds, h, tmp){
-			if(h->armed && now - h->armed_ms > LIVE_MAX_MS) release_at_tick(h, 0, false);
+		if(now - armed_checked_ms >= 1000){ /* (a pass over every hold: once a second) */
+			armed_checked_ms = now;
+			HASH_ITER(hh, holds, h, tmp){
+				if(h->armed && now - h->armed_ms > LIVE_MAX_MS) release_at_tick(h, 0, false);
+			}
 		}
 	}
 	if(releasing == 0) return;
@@ -349,6 +353,7 @@ void hold_clear(void)
 	releasing = 0;
 	rings = 0;
 	armed = lives = 0;
+	armed_checked_ms = 0;
 	origin_keep_props(false);
 	ring_bytes = ring_messages = replayed = 0;
 }

@@ -299,20 +299,29 @@ bool origin_shared_check(struct mosquitto *client, const char *topic)
 	return ++r->checks > r->plain;
 }
 
+/* The message of .fwd whose store's topic pointer this READ check carries (its QoS 2 entry in
+ * `*entry`), or NULL; its contents are not compared yet (fp_matches). */
+static const struct fwd_fp *fwd_routed(const char *topic, uint8_t qos, struct fwd_q2 **entry)
+{
+	struct fwd_q2 *e = NULL;
+
+	*entry = NULL;
+	if(fwd_cur_set && topic == fwd_cur.topic) return &fwd_cur;
+	if(qos != 2 || fwd_q2 == NULL) return NULL;
+	HASH_FIND_PTR(fwd_q2, &topic, e);
+	*entry = e;
+	return e ? &e->fp : NULL;
+}
+
 /* The properties of the forwarding connection's message this READ check routes (NULL: none,
  * not one of its messages, or no ring hold existed at its MESSAGE callback). */
 const mosquitto_property *origin_routed_props(const char *topic, const void *payload,
 		uint32_t len, uint8_t qos)
 {
-	struct fwd_q2 *e = NULL;
+	struct fwd_q2 *e;
+	const struct fwd_fp *fp = topic ? fwd_routed(topic, qos, &e) : NULL;
 
-	if(topic == NULL) return NULL;
-	if(fwd_cur_set && topic == fwd_cur.topic){
-		return fp_matches(&fwd_cur, topic, payload, len, qos) ? fwd_cur.props : NULL;
-	}
-	if(qos != 2 || fwd_q2 == NULL) return NULL;
-	HASH_FIND_PTR(fwd_q2, &topic, e);
-	return e && fp_matches(&e->fp, topic, payload, len, qos) ? e->fp.props : NULL;
+	return fp && fp_matches(fp, topic, payload, len, qos) ? fp->props : NULL;
 }
 
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos)
@@ -356,8 +365,8 @@ static bool injected_routing(const char *topic, const void *payload, uint32_t le
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
 		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check)
 {
-	const struct fwd_fp *fp = NULL;
-	struct fwd_q2 *e = NULL;
+	const struct fwd_fp *fp;
+	struct fwd_q2 *e;
 	bool to_fwd;
 
 	(void)retain;
@@ -369,20 +378,13 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 		fwd_denied++;
 		return true;
 	}
-	if(fwd_cur_set && topic == fwd_cur.topic){
-		fp = &fwd_cur;
-	}else if(qos == 2 && fwd_q2){
-		HASH_FIND_PTR(fwd_q2, &topic, e);
-		if(e == NULL) return false;
-		fp = &e->fp;
-		if(!e->hit){
-			/* its routing is running (or the entry is stale): forget it at the next callback */
-			e->hit = true;
-			e->next_hit = fwd_hits;
-			fwd_hits = e;
-		}
-	}else{
-		return false;
+	fp = fwd_routed(topic, qos, &e);
+	if(fp == NULL) return false;
+	if(e && !e->hit){
+		/* its routing is running (or the entry is stale): forget it at the next callback */
+		e->hit = true;
+		e->next_hit = fwd_hits;
+		fwd_hits = e;
 	}
 
 	to_fwd = sidecar_is_fwd(client);
