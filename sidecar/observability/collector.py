@@ -97,10 +97,13 @@ class NodeCollector(Collector):
                                   "node held.", value=st["moves"])
         moved = CounterMetricFamily("mqfed_session_ordered_moves", "Moves whose client got the "
                                     "queue it left behind before what reached it here "
-                                    "meanwhile (outcome: in order; the wait for that queue "
-                                    "timed out; the client moved on first).",
+                                    "meanwhile (outcome: in order; in order after the client "
+                                    "moved on before that queue came, this copy then handed "
+                                    "on with it; the wait for that queue timed out; the "
+                                    "client started clean elsewhere first).",
                                     labels=["outcome"])
         moved.add_metric(["in_order"], st.get("ordered_moves", 0))
+        moved.add_metric(["chained"], st.get("order_chained", 0))
         moved.add_metric(["timed_out"], st.get("order_timeouts", 0))
         moved.add_metric(["moved_on"], st.get("order_moved_on", 0))
         yield moved

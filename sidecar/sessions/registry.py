@@ -201,7 +201,7 @@ class SessionRegistry:
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
         "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0, "ordered_moves": 0,
-        "order_timeouts": 0, "order_moved_on": 0})
+        "order_timeouts": 0, "order_moved_on": 0, "order_chained": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -427,7 +427,7 @@ class SessionRegistry:
         for client, until in list(self.awaiting.items()):
             if until <= now_ms:  # no end of the old queue in time: order may break, not loss
                 self.counters["order_timeouts"] += 1
-                out += self._release(client)
+                out += self._old_queue_settled(client, now_ms)
         if now_ms >= self.next_sweep_ms:
             self.next_sweep_ms = now_ms + SWEEP_MS
             out += self._expire_copies(now_ms)
@@ -468,12 +468,15 @@ class SessionRegistry:
                 "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
 
     def takes_backlog(self, client: str) -> bool:
-        """Whether a moving session's queue for `client` may go into its session here: only
-        while this node owns it. A queue that arrives after the client moved on (or after
-        this node handed the session on) is refused, and its sender retries towards the
-        owner it learns of."""
+        """Whether a moving session's queue for `client` may go into its session here: while
+        this node owns it, or while its copy here still waits for that queue (its client
+        moved on meanwhile: the copy goes on with the queue in it, in order). Otherwise it
+        is refused, and its sender retries towards the owner it learns of."""
         record = self.records.get(client)
-        return record is not None and record.owner == self.node_id and not record.deleted
+        if record is None or record.deleted:
+            return False
+        return record.owner == self.node_id or (
+            client in self.awaiting and self.presence.get(client) == "session")
 
     def latest_connect(self, client: str) -> int | None:
         """The connect HLC of `client`'s latest connection known anywhere (None: none); a
@@ -592,10 +595,23 @@ class SessionRegistry:
     def on_backlog_in(self, client: str, now_ms: int) -> list[Action]:
         """The old owner's whole queue for `client` was delivered here: what reached the
         client here meanwhile follows (its live hold goes off)."""
-        if self.awaiting.pop(client, None) is None:
+        if client not in self.awaiting:
             return []
-        self.counters["ordered_moves"] += 1
-        return self._release(client)
+        record = self.records.get(client)
+        moved_on = record is not None and record.owner != self.node_id
+        self.counters["order_chained" if moved_on else "ordered_moves"] += 1
+        return self._old_queue_settled(client, now_ms)
+
+    def _old_queue_settled(self, client: str, now_ms: int) -> list[Action]:
+        """`client`'s wait for its old node's queue is over (it came, or it took too long).
+        Its client still here: the live hold goes off. Gone on to another node meanwhile:
+        this copy, the old queue now in it before what the live hold kept, is drained to
+        the new owner (a chain of quick moves keeps its order)."""
+        self.awaiting.pop(client, None)
+        record = self.records.get(client)
+        if record is None or record.owner == self.node_id:
+            return self._release(client)
+        return self._settle(client, now_ms)
 
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:
         """Drop what the local Mosquitto held for `client`; returns it."""
@@ -650,6 +666,8 @@ class SessionRegistry:
         copied = self.replica.get(client)
         out: list[Action] = []
         if record.connect_hlc > since or gone:  # it connected elsewhere since, or ended
+            if client in self.awaiting and not gone and not record.fresh:
+                return out  # drained once the old queue is in (`_old_queue_settled`)
             if copied is not None and not gone and not record.fresh and not used \
                     and copied[0] not in self.up:
                 if not self._dead(copied[0], now_ms):

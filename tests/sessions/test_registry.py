@@ -321,12 +321,44 @@ def test_a_clean_start_or_a_move_onwards_ends_a_live_hold():
     c.take("n3", Hold)
     c.connect("n3", "dev", clean=True)  # a fresh session: nothing comes to wait for
     assert c.take("n3", Hold) == [Hold("dev", False)] and not n3.awaiting
-    # resumed, then gone on to n2 before n1's queue arrived: n3 drains (the adapter holds it
-    # plain, and the plugin hands what the live hold kept to the session first)
+
+def _moved_on_before_the_old_queue() -> tuple[Cluster, SessionRegistry]:
+    """`dev` resumed on n3 (held live, waiting for n1's queue), then gone on to n2 before
+    that queue arrived."""
     c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
     c.connect("n3", "dev", present=True)
     c.disconnect("n3", "dev")
     c.connect("n2", "dev", present=True)
+    return c, n3
+
+
+def test_a_copy_whose_client_moved_on_takes_the_old_queue_before_it_is_drained():
+    """A chain of quick moves n1 -> n3 -> n2: n3 drains to n2 only once n1's queue is in its
+    copy (ahead of what the live hold kept), so n2 gets the messages in publish order."""
+    c, n3 = _moved_on_before_the_old_queue()
+    assert c.take("n3", Drain) == [] and n3.takes_backlog("dev")
+    assert not c.nodes["n1"].takes_backlog("dev")
+    c.run("n3", n3.on_backlog_in("dev", c.now))
     assert c.take("n3", Drain) == [Drain("dev", "n2", ())]
-    assert not n3.awaiting and not n3.live_held and n3.counters["order_moved_on"] == 1
-    assert n3.on_backlog_in("dev", c.now) == []
+    assert not n3.awaiting and not n3.live_held and not n3.takes_backlog("dev")
+    assert n3.counters["order_chained"] == 1 and n3.counters["order_moved_on"] == 0
+    assert n3.counters["ordered_moves"] == 0 and n3.on_backlog_in("dev", c.now) == []
+
+
+def test_a_copy_whose_client_moved_on_is_drained_when_the_old_queue_does_not_come():
+    c, n3 = _moved_on_before_the_old_queue()
+    c.run("n3", n3.on_tick(c.now + LIVE_HOLD_MS - 30))
+    assert c.take("n3", Drain) == []
+    c.run("n3", n3.on_tick(c.now + LIVE_HOLD_MS))
+    assert c.take("n3", Drain) == [Drain("dev", "n2", ())]
+    assert n3.counters["order_timeouts"] == 1 and not n3.takes_backlog("dev")
+
+
+def test_a_copy_waiting_for_the_old_queue_is_discarded_at_a_clean_start_elsewhere():
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
+    c.connect("n3", "dev", present=True)
+    c.disconnect("n3", "dev")
+    c.connect("n2", "dev", clean=True)
+    assert c.take("n3", Discard) == [Discard("dev")] and c.take("n3", Drain) == []
+    assert not n3.awaiting and n3.counters["order_moved_on"] == 1
+    assert not n3.takes_backlog("dev")

@@ -93,7 +93,7 @@ def _twenty_moves(cluster, dev: Device, topic: str, qos: int, front: bool = Fals
 def _session_counts(cluster) -> dict[str, dict]:
     keys = ("backlog_sent", "backlog_received", "backlog_failed", "sync_timeouts", "failures",
             "drained", "moves", "unreleased_sent", "unreleased_received", "unreleased_refused",
-            "ordered_moves", "order_timeouts", "order_moved_on")
+            "ordered_moves", "order_timeouts", "order_moved_on", "order_chained")
     return {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
                 if k in keys} for n in ("n1", "n2", "n3")}
 
@@ -154,6 +154,59 @@ def test_a_client_moving_under_traffic_gets_every_message_in_publish_order(share
     # loaded machine, counts as moved_on)
     assert grew["ordered_moves"] + grew["order_moved_on"] + grew["order_timeouts"] >= 5, grew
     assert not breaks or grew["order_timeouts"] + grew["order_moved_on"] > 0, (breaks[:5], grew)
+    dev.leave()
+
+
+def test_a_move_onwards_before_the_old_queue_arrived_keeps_publish_order(shared_cluster):
+    """n1 -> n2 -> n3, the second move before n1's queue (3,000 messages) reached n2, while
+    a publisher on n3 goes on: n2 takes n1's queue into its copy ahead of what its live hold
+    kept, and only then drains the lot to n3, so the client gets every publisher's messages
+    in order (before: n2 drained at once, n1's queue was refused there and reached n3 after
+    the newer messages)."""
+    cluster = shared_cluster
+    topic = f"moves/chain/{time.time_ns()}"
+    dev = _session(cluster, "n1", topic)
+    publish(cluster.ports["n2"], topic, 3000)  # queued on n1 while its client is away
+    before = _session_counts(cluster)
+    stop, live = threading.Event(), []
+
+    def traffic() -> None:  # a second publisher, numbered from 1,000,000
+        i = 1_000_000
+        while not stop.is_set():
+            publish(cluster.ports["n3"], topic, 20, start=i)
+            live.extend(range(i, i + 20))
+            i += 20
+            time.sleep(0.02)
+
+    publisher = threading.Thread(target=traffic)
+    publisher.start()
+    try:
+        time.sleep(0.3)
+        assert dev.connect(cluster.ports["n2"]) is True, "session present on n2"
+        dev.leave()  # gone on at once: n1's queue is still on its way to n2
+        assert dev.connect(cluster.ports["n3"]) is True, "session present on n3"
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        publisher.join(30)
+    sent = list(range(3000)) + live
+    got = dev.wait_count(len(sent), timeout=30)
+    missing = sorted(set(sent) - set(got))
+    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}"
+    firsts = list(dict.fromkeys(got))
+    breaks = {name: sum(1 for a, b in zip(seq, seq[1:], strict=False) if b < a)
+              for name, seq in (("queued", [m for m in firsts if m < 1_000_000]),
+                                ("live", [m for m in firsts if m >= 1_000_000]))}
+    counts = _session_counts(cluster)
+    grew = {k: sum(c.get(k, 0) for c in counts.values())
+            - sum(c.get(k, 0) for c in before.values())
+            for k in ("ordered_moves", "order_timeouts", "order_moved_on", "order_chained")}
+    print(f"chained move: {len(sent)} sent, {len(got) - len(set(got))} duplicates, "
+          f"order breaks {breaks}; {grew}")
+    assert breaks == {"queued": 0, "live": 0} or grew["order_timeouts"] > 0, (breaks, grew)
+    # n2's copy waited for n1's queue (the state files lag a little)
+    wait_for(lambda: sum(c.get("order_chained", 0) for c in _session_counts(cluster).values())
+             > sum(c.get("order_chained", 0) for c in before.values()), 5, "a chained move")
     dev.leave()
 
 
