@@ -311,8 +311,12 @@ class SessionRegistry:
         self.holding.add(client)
         return [Hold(client, True), Discard(client, urgent=True)]
 
-    def on_peers(self, up: set[str], now_ms: int) -> list[Action]:
-        """The peers whose streams are up now: replicas follow (O(records) per change)."""
+    def on_peers(self, up: set[str], now_ms: int,
+                 ordered: set[str] | None = None) -> list[Action]:
+        """The peers whose streams are up now, and (when given) those of them that mark the
+        last frame of a hand-over (`session-order`): replicas follow (O(records) per change)."""
+        if ordered is not None:
+            self.ordered = set(ordered) - {self.node_id}
         up = set(up) - {self.node_id}
         if up == self.up:
             return []

@@ -149,6 +149,7 @@ class SessionService:
                                         grace_ms=int(down_grace * 1000),
                                         started_ms=_wall_ms())
         self._up: set[str] = set()
+        self._ordered: set[str] = set()  # peers up with `session-order`
         for record in self.store.load():
             self.registry.records[record.client] = record
         self.shadows = Shadows(socket_path, secret, self._deliver_marker)
@@ -256,10 +257,10 @@ class SessionService:
             self._send(peer, data)
         self._up.add(peer)
         if SESSION_ORDER in (self.transport.capabilities(peer) or ()):
-            self.registry.ordered.add(peer)
+            self._ordered.add(peer)
         else:
-            self.registry.ordered.discard(peer)
-        self._run(self.registry.on_peers(self._up, _wall_ms()))
+            self._ordered.discard(peer)
+        self._run(self.registry.on_peers(self._up, _wall_ms(), self._ordered))
 
     def on_peer_down(self, peer: str) -> None:
         """`peer`'s stream went down (or it left): replicas of its sessions may take over."""

@@ -280,7 +280,7 @@ def _arriving(up: set[str], ordered: set[str]) -> tuple[Cluster, SessionRegistry
     c.connect("n1", "dev")
     c.disconnect("n1", "dev")
     n3 = c.nodes["n3"]
-    n3.up, n3.ordered = set(up), set(ordered)
+    n3.on_peers(up, c.now, ordered)
     c.run("n3", n3.on_connect_rejected("dev", "denied", c.now))
     c.run("n3", n3.on_materialized("dev", True, c.now))
     return c, n3

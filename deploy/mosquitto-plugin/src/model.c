@@ -149,8 +149,10 @@ unsigned model_client_shared(const struct client *c)
 	return c->shared_count;
 }
 
-/* Count the client's subscriptions matching the topic, plain and shared. */
-void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared)
+/* Count the client's subscriptions matching the topic, plain and shared; `last_plain`, if not
+ * NULL, gets the last plain one found. */
+static void match_subs(struct client *c, const char *topic, unsigned *plain, unsigned *shared,
+		struct sub **last_plain)
 {
 	struct sub *s, *tmp;
 
@@ -167,8 +169,14 @@ void model_count_matches(struct client *c, const char *topic, unsigned *plain, u
 			(*shared)++;
 		}else{
 			(*plain)++;
+			if(last_plain) *last_plain = s;
 		}
 	}
+}
+
+void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared)
+{
+	match_subs(c, topic, plain, shared, NULL);
 }
 
 /* Whether exactly one subscription of the client matches the topic and it is a plain one; if
@@ -176,18 +184,11 @@ void model_count_matches(struct client *c, const char *topic, unsigned *plain, u
 bool model_single_plain_match(struct client *c, const char *topic, uint8_t *qos,
 		uint32_t *sub_id)
 {
-	struct sub *s, *tmp, *found = NULL;
+	struct sub *found = NULL;
+	unsigned plain, shared;
 
-	HASH_ITER(hh, c->subs, s, tmp){
-		const char *f = strip_share(s->filter);
-		bool match = false;
-
-		if(f == s->filter && strncmp(s->filter, "$share/", 7) == 0) continue;
-		if(mosquitto_topic_matches_sub(f, topic, &match) != MOSQ_ERR_SUCCESS || !match) continue;
-		if(found || f != s->filter) return false;
-		found = s;
-	}
-	if(found == NULL) return false;
+	match_subs(c, topic, &plain, &shared, &found);
+	if(plain != 1 || shared != 0) return false;
 	*qos = found->qos;
 	*sub_id = found->sub_id;
 	return true;
