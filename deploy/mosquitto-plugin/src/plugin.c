@@ -464,15 +464,18 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}
 	if(ed->access == MOSQ_ACL_READ && mosquitto__get_state
 			&& ((state = mosquitto__get_state(ed->client)) == MOSQ_CS_DISCONNECTED
-				|| (state == MOSQ_CS_ACTIVE && !shadow))
+				|| state == MOSQ_CS_ACTIVE)
 			&& hold_refuses(mosquitto_client_id(ed->client), shared_check,
-				state == MOSQ_CS_ACTIVE, ed->topic, ed->payload, ed->payloadlen, ed->qos)){
+				state == MOSQ_CS_ACTIVE && !shadow, ed->topic, ed->payload,
+				ed->payloadlen, ed->qos)){
 		/* An offline session the sidecar holds queues nothing (`hold`): its client is
 		 * served by another node, or a shadow made it here ahead of its client, while the
 		 * node the client comes from still queues for it (and hands that over: never
 		 * twice); a replica's ring hold keeps it for a while; a live hold keeps what reaches
-		 * its connected client until the old node's queue is in (hold.c). A connect
-		 * re-checks the queue as another context, so that passes. */
+		 * its connected client until the old node's queue is in (hold.c). A shadow
+		 * connected to a held copy (draining or making it) is the offline copy too: what
+		 * it would get, the client gets where it is. A connect re-checks the queue as
+		 * another context, so that passes. */
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;

@@ -52,6 +52,30 @@ def test_a_plain_hold_queues_nothing_and_release_queues_again(broker, sidecar, c
     assert [m.payload for m in got] == [b"c"]  # a plain hold keeps nothing to replay
 
 
+def test_a_held_session_queues_nothing_for_its_shadow_either(broker, sidecar, client_factory,
+                                                              clients):
+    """A shadow (the sidecar connected as the client, to drain or make the session) is this
+    copy too: while the copy is held, what Mosquitto routes to it is refused (a ring hold
+    keeps it), not delivered to the shadow, which would hand it over although the client
+    gets it where it is (before: a QoS 0 or 1 message duplicated at every move)."""
+    _sleeper(client_factory, sidecar, "sh", "h/shadow")
+    assert sidecar.call("hold", client="sh", on=True)["ok"] is True
+    shadow = clients(Client("sh", sock=broker.sock, username=SIDECAR_USER, password=SECRET,
+                            session_expiry=300, clean_start=False))
+    assert shadow.connect() is True
+    _publish(client_factory, "h/shadow", ["q0"], qos=0)
+    _publish(client_factory, "h/shadow", ["q1"], qos=1)
+    assert sidecar.call("hold", client="sh", on=True, ring=True)["ok"] is True
+    _publish(client_factory, "h/shadow", ["r1"], qos=1)
+    time.sleep(0.5)
+    assert [m.payload for m in shadow.messages if m.topic == "h/shadow"] == []
+    shadow.disconnect()
+    sidecar.wait_type("disconnect", client="sh")
+    assert sidecar.call("hold", client="sh", on=False, since_ms=0)["ok"] is True
+    got = _resume(client_factory, "sh", "h/shadow", 1)
+    assert [m.payload for m in got] == [b"r1"]  # the ring kept what it refused
+
+
 def test_a_plain_hold_takes_its_shared_groups_picks(broker, sidecar, client_factory):
     """A group's message reaches one member cluster-wide, and Mosquitto drops it when its pick
     is refused: a held copy (its client on its way here, or its queue about to be drained)
