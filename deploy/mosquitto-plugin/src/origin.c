@@ -135,6 +135,7 @@ static int inj_state;
 static bool inj_cur_set;          /* inj_cur_*: the store of the injected message being routed */
 static const char *inj_cur_topic;
 static const void *inj_cur_payload;
+static bool last_injected;        /* the last READ check was of an injected message */
 
 static void inj_clear(void)
 {
@@ -341,6 +342,12 @@ void origin_injected(const char *topic, const void *payload, uint32_t payloadlen
 	inj_state = INJ_QUEUED;
 }
 
+/* Whether the last READ check (origin_read_denied) was of an injected message. */
+bool origin_read_injected(void)
+{
+	return last_injected;
+}
+
 /* Is this READ check's message one of the injected ones being routed? */
 static bool injected_routing(const char *topic, const void *payload, uint32_t len, uint8_t qos)
 {
@@ -370,8 +377,10 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 	bool to_fwd;
 
 	(void)retain;
+	last_injected = false;
 	if(topic == NULL) return false;
 	if(injected_routing(topic, payload, payloadlen, qos)){
+		last_injected = true;
 		/* routed with no client, so No Local cannot keep it from the forwarding connections
 		 * (a loop): refused there, and to shared subscriptions, like .fwd's re-injections */
 		if(!sidecar_is_fwd(client) && !shared_check) return false;

@@ -24,6 +24,7 @@ void origin_fwd_auth(struct mosquitto *client);
 void origin_fwd_disconnect(struct mosquitto *client);
 void origin_tick(void);
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos);
+bool origin_read_injected(void);
 void origin_stats(struct origin_stats *s);
 void origin_cleanup(void);
 
