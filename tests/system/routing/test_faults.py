@@ -59,7 +59,8 @@ def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0
     if victim == "n2":
         queued = cluster.routing("n1")["queues"]["n2"]["count"]
         assert queued > 0, "messages for the absent peer wait in the origin's queue"
-    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim)
+    # the restarted sidecar gets the cluster's settings (its max_queued_messages too)
+    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim, env=env)
     assert result.returncode == 0, result.stderr
     thread.join(30)
     wait_arrivals(sub, count)  # every message after the restart, or stalled
