@@ -194,7 +194,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		return;
 	}
 	for(i = 0; i < n; i++){
-		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos);
+		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props);
 		rc = mosquitto_broker_publish_copy(NULL, m[i].topic, (int)m[i].payload_len,
 				m[i].payload, m[i].qos, m[i].retain, m[i].props);
 		if(rc != MOSQ_ERR_SUCCESS){
