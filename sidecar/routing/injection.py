@@ -8,6 +8,9 @@ queues: then the QoS > 0 ones are confirmed (acknowledged to their origin). A ba
 or unanswered within `REPLY_TIMEOUT` goes again message by message through the forwarding
 connection (duplicates are possible if the plugin had injected it after all; order is not
 kept across that fallback).
+
+Batches are sized to the room the plugin's replies report in the fullest subscriber's queue
+(`sidecar.routing.inject_room`); what does not fit waits here, in order.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sidecar.local.batch import Record, encode_batch, encode_record
 from sidecar.routing.forwarder import Envelope
+from sidecar.routing.inject_room import GIVE_UP_AFTER, PROBE_AFTER, QueueRoom
 
 log = logging.getLogger("mqfed.routing")
 
@@ -43,38 +49,70 @@ class BatchInjection:
     """Sends batches and reports which tickets Mosquitto holds or which items failed."""
 
     def __init__(self, injector: Injector, on_held: Callable[[list[int]], None],
-                 on_failed: Callable[[list[Item]], None]) -> None:
+                 on_failed: Callable[[list[Item]], None], max_queued: int = 0) -> None:
+        """`max_queued`: Mosquitto's `max_queued_messages` (0: unlimited, batches unbounded)."""
         self.injector = injector
         self.on_held = on_held
         self.on_failed = on_failed
+        self.room = QueueRoom(max_queued)
+        self._pending: deque[Item] = deque()
+        self._probe: asyncio.TimerHandle | None = None
         self._ids = itertools.count(1)
         self._tickets = itertools.count(-1, -1)   # apart from the forwarding client's (> 0)
-        self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0}
+        self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0,
+                         "waits": 0, "probes": 0, "lifted": 0}
 
     def ticket(self) -> int:
         """A ticket for one message of a batch."""
         return next(self._tickets)
 
+    def status(self) -> dict[str, int | bool]:
+        return {**self.counters, "pending": len(self._pending), "queued": self.room.queued,
+                "unanswered": self.room.in_flight, "bound_lifted": self.room.lifted}
+
     def send(self, items: Sequence[Item]) -> None:
-        """Batch `items` (in order) and hand them to the plugin."""
-        chunk: list[Item] = []
-        records: list[bytes] = []
-        size = 0
-        for item in items:
-            env = item[1]
-            rec = encode_record(Record(env.topic, env.payload, env.qos, seq=env.origin_seq,
-                                       hlc=env.hlc, properties=env.properties))
-            if chunk and (size + len(rec) > MAX_BATCH_BYTES or len(chunk) >= MAX_BATCH_RECORDS):
-                self._send(chunk, records)
-                chunk, records, size = [], [], 0
-            chunk.append(item)
-            records.append(rec)
-            size += len(rec)
-        if chunk:
+        """Hand `items` (in order) to the plugin, in batches that fit the room left."""
+        was_waiting = bool(self._pending)
+        self._pending.extend(items)
+        if not was_waiting:
+            self._pump()
+
+    def _pump(self, probe: bool = False) -> None:
+        pending = self._pending
+        while pending:
+            room = 1 if probe else self.room.room()
+            if room < 1:
+                if self.room.in_flight == 0 and self._probe is None:
+                    self.counters["waits"] += 1
+                    self._probe = asyncio.get_running_loop().call_later(
+                        PROBE_AFTER, self._probe_now)
+                return
+            probe = False
+            chunk: list[Item] = []
+            records: list[bytes] = []
+            size = 0
+            limit = min(room, MAX_BATCH_RECORDS)
+            while pending and len(chunk) < limit:
+                env = pending[0][1]
+                rec = encode_record(Record(env.topic, env.payload, env.qos, seq=env.origin_seq,
+                                           hlc=env.hlc, properties=env.properties))
+                if chunk and size + len(rec) > MAX_BATCH_BYTES:
+                    break
+                chunk.append(pending.popleft())
+                records.append(rec)
+                size += len(rec)
             self._send(chunk, records)
+
+    def _probe_now(self) -> None:
+        """No room and nothing unanswered: one message, to measure the queue again."""
+        self._probe = None
+        if self._pending and self.room.in_flight == 0:
+            self.counters["probes"] += 1
+            self._pump(probe=True)
 
     def _send(self, chunk: list[Item], records: list[bytes]) -> None:
         batch_id = next(self._ids)
+        self.room.sent(len(chunk))
         future = self.injector.inject(batch_id, encode_batch(batch_id, records))
         timer = asyncio.get_running_loop().call_later(REPLY_TIMEOUT, self._timed_out,
                                                       batch_id, future, chunk)
@@ -84,9 +122,11 @@ class BatchInjection:
         self.injector.forget_injection(batch_id)
         future.cancel()
         self.counters["timeouts"] += 1
+        self.room.answered(len(chunk), None, time.monotonic())
         log.warning("the plugin did not answer an inject batch: sending it message by message",
                     extra={"messages": len(chunk)})
         self.on_failed(chunk)
+        self._pump()
 
     def _answered(self, future: asyncio.Future, timer: asyncio.TimerHandle,
                   chunk: list[Item]) -> None:
@@ -96,11 +136,21 @@ class BatchInjection:
         reply = future.result()
         if not reply.get("ok"):
             self.counters["refused"] += 1
+            self.room.answered(len(chunk), None, time.monotonic())
             log.error("the plugin refused an inject batch: sending it message by message",
                       extra={"error": reply.get("error"), "at": reply.get("at"),
                              "messages": len(chunk)})
             self.on_failed(chunk)
+            self._pump()
             return
         self.counters["batches"] += 1
         self.counters["messages"] += len(chunk)
+        queued = reply.get("queued")
+        if self.room.answered(len(chunk), queued if isinstance(queued, int) else None,
+                              time.monotonic()):
+            self.counters["lifted"] += 1
+            log.warning("a subscriber's queue stayed %d messages full for %.0f s: injecting "
+                        "without waiting for it (it may lose messages past "
+                        "max_queued_messages)", queued, GIVE_UP_AFTER)
         self.on_held([ticket for ticket, env in chunk if env.qos])
+        self._pump()

@@ -186,8 +186,8 @@ class RoutingService(CatchUpWiring):
                                                   on_published=self._on_published,
                                                   on_connected=self._on_fwd_connected)
         fwd = self.forward_client
-        self.injection = (BatchInjection(fwd, self._on_published, self._reinject_each)
-                          if inject_batches else None)
+        self.injection = (BatchInjection(fwd, self._on_published, self._reinject_each,
+                                         fwd.max_queued) if inject_batches else None)
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
         self.pacing = Pacing(fwd.max_queued)
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
@@ -939,7 +939,7 @@ class RoutingService(CatchUpWiring):
             "forwarding_subscriptions": self.remote.subscription_count(),
             "interest": self.interest_status(),
             "fwd": self.forward_client.stats(),
-            "inject": dict(self.injection.counters) if self.injection is not None else None,
+            "inject": self.injection.status() if self.injection is not None else None,
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),

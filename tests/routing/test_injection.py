@@ -91,3 +91,49 @@ def test_nothing_is_confirmed_before_the_reply(qos):
         await asyncio.sleep(0.01)
         return held
     assert run(main()) == []
+
+
+def test_batches_wait_for_room_in_the_fullest_subscribers_queue(monkeypatch):
+    """max_queued_messages 100: batches carry at most 50 messages less the reported queue
+    and what is unanswered; the rest waits in order for the replies."""
+    monkeypatch.setattr(injection, "PROBE_AFTER", 0.01)
+
+    async def main():
+        fake, held = FakeInjector(), []
+        inj = BatchInjection(fake, held.extend, lambda i: None, max_queued=100)
+        inj.send([(inj.ticket(), env(i)) for i in range(120)])
+        sizes = [len(decode_batch(d)[1]) for _, d, _ in fake.sent]
+        assert sizes == [50]                      # nothing measured yet: the limit
+        fake.sent[0][2].set_result({"ok": True, "count": 50, "queued": 40})
+        await asyncio.sleep(0)
+        assert [len(decode_batch(d)[1]) for _, d, _ in fake.sent[1:]] == [10]
+        fake.sent[1][2].set_result({"ok": True, "count": 10, "queued": 50})   # full
+        await asyncio.sleep(0.05)                  # probes: one message at a time
+        probes = fake.sent[2:]
+        assert probes and all(len(decode_batch(d)[1]) == 1 for _, d, _ in probes)
+        assert len(probes) == 1                    # the next waits for its reply
+        probes[0][2].set_result({"ok": True, "count": 1, "queued": 0})        # drained
+        await asyncio.sleep(0)
+        assert len(decode_batch(fake.sent[-1][1])[1]) == 50
+        fake.sent[-1][2].set_result({"ok": True, "count": 50, "queued": 0})
+        await asyncio.sleep(0)
+        seqs = [r.seq for _, d, _ in fake.sent for r in decode_batch(d)[1]]
+        return seqs, inj.counters, inj.status()
+    seqs, counters, status = run(main())
+    assert seqs == list(range(120))               # every message once, in order
+    assert counters["waits"] >= 1 and counters["probes"] >= 1
+    assert status["pending"] == 0
+
+
+def test_a_queue_that_never_shrinks_lifts_the_bound(monkeypatch):
+    """A subscriber that does not read: after GIVE_UP_AFTER without progress the others are
+    no longer held up by it; the bound comes back once its queue is under the limit."""
+    from sidecar.routing.inject_room import GIVE_UP_AFTER, QueueRoom
+    room = QueueRoom(1000)
+    room.sent(500)
+    assert not room.answered(500, 600, now=0.0) and room.room() < 1
+    assert not room.answered(0, 590, now=3.0)     # shrinking: still waiting
+    assert not room.answered(0, 590, now=3.0 + GIVE_UP_AFTER - 0.1)
+    assert room.answered(0, 595, now=3.0 + GIVE_UP_AFTER) and room.room() == float("inf")
+    assert not room.answered(0, 10, now=20.0) and room.room() == 490
+    assert QueueRoom(0).room() == float("inf")    # max_queued_messages 0: no bound

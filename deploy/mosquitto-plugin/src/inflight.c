@@ -171,6 +171,20 @@ void inflight_on_sidecar_auth(struct mosquitto *client)
 	state = ST_OK;
 }
 
+/* How many QoS 1 and 2 messages wait in `conn`'s queue beyond its in-flight window: what
+ * Mosquitto compares with max_queued_messages (db__ready_for_queue: msg_count12 less
+ * inflight_maximum) before it drops one. False with the mirror off. */
+bool inflight_out_queued(struct mosquitto *conn, int *queued)
+{
+	struct msgs_mirror m;
+
+	if(state != ST_OK || conn == NULL) return false;
+	memcpy(&m, (const unsigned char *)conn + msgs_out_off, sizeof(m));
+	*queued = m.msg_count12 - (m.inflight_maximum ? (int)m.inflight_maximum : 0);
+	if(*queued < 0) *queued = 0;
+	return true;
+}
+
 void inflight_on_shadow_auth(struct mosquitto *client)
 {
 	const char *id = mosquitto_client_id(client);

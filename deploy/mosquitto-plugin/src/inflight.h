@@ -11,6 +11,8 @@ void inflight_on_sidecar_auth(struct mosquitto *client);
 /* A shadow connects: a session it makes here numbers its messages from a random packet id,
  * so that the ids of another node's copy, released here later, are unlikely to be in use. */
 void inflight_on_shadow_auth(struct mosquitto *client);
+/* Messages queued for a live client beyond its in-flight window (false: not readable). */
+bool inflight_out_queued(struct mosquitto *conn, int *queued);
 /* A client (not a shadow) disconnects: keeps a copy of its QoS 2 messages awaiting PUBCOMP. */
 void inflight_capture(struct mosquitto *conn, const char *id);
 /* The client is back here, or its session ended: Mosquitto itself resolves them, or nobody. */

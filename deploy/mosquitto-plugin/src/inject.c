@@ -7,11 +7,20 @@
  * sidecar: queue_plugin_msgs (loop.c) routes that list in order at the top of the next loop
  * iteration, so the reply arrives once every message of the batch sits in its subscribers'
  * queues. Injected messages are routed without a client: origin.c tells their READ checks
- * apart (origin_injected) so that shared subscriptions and forwarding shards never get them. */
+ * apart (origin_injected) so that shared subscriptions and forwarding shards never get them.
+ *
+ * The reply waits for the TICK that ends the iteration that routed the batch, and says how
+ * full the fullest subscriber's queue was then (`queued`: QoS 1 and 2 messages past its
+ * in-flight window, what Mosquitto compares with max_queued_messages before it drops one;
+ * -1 when no live client got one of the batch's messages, or the queues are not readable):
+ * a batch puts a whole frame in the queues in one iteration, where Mosquitto's reads let a
+ * subscriber's PUBACKs take one message each, so the sidecar sizes its next batches to the
+ * room left (sidecar/routing/injection.py). */
 #include <stdio.h>
 #include <string.h>
 
 #include "batch.h"
+#include "inflight.h"
 #include "inject.h"
 #include "origin.h"
 #include "sidecar.h"
@@ -33,24 +42,87 @@ static uint64_t n_batches, n_messages, n_refused;
 static const char *reply_to;
 static int reply_qos;
 
+/* A reply owed for a batch handed to Mosquitto: sent at the TICK after its routing. */
+struct owed {
+	struct owed *next;
+	char *to;
+	uint64_t id;
+	unsigned count;
+	int qos;
+	bool routed;               /* a TICK passed since: its routing ran at the top of this
+	                            * iteration */
+};
+static struct owed *owed_head, **owed_tail = &owed_head;
+static int fullest = -1;     /* the fullest queue seen in this iteration's routing (-1: none) */
+
+static void send_reply(const char *to, int qos, const char *buf, int n)
+{
+	if(n < 0 || n >= 200) return;
+	if(mosquitto_broker_publish_copy(to, MQFED_INJECT_REPLY, n, buf, qos, false,
+				NULL) != MOSQ_ERR_SUCCESS){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing an inject reply failed");
+	}
+}
+
 static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 {
-	char buf[160];
+	char buf[200];
 	int n;
+	struct owed *o;
 
 	if(error){
 		n = snprintf(buf, sizeof(buf),
 				"{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":false,\"error\":\"%s\",\"at\":%u}",
 				(unsigned long long)id, error, at);
-	}else{
+		send_reply(reply_to, reply_qos, buf, n);
+		return;
+	}
+	o = calloc(1, sizeof(*o));
+	if(o != NULL) o->to = strdup(reply_to);
+	if(o == NULL || o->to == NULL){ /* answer now, without a measure */
+		free(o);
 		n = snprintf(buf, sizeof(buf), "{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":true,"
-				"\"count\":%u}", (unsigned long long)id, count);
+				"\"count\":%u,\"queued\":-1}", (unsigned long long)id, count);
+		send_reply(reply_to, reply_qos, buf, n);
+		return;
 	}
-	if(n < 0 || (size_t)n >= sizeof(buf)) return;
-	if(mosquitto_broker_publish_copy(reply_to, MQFED_INJECT_REPLY, n, buf, reply_qos, false,
-				NULL) != MOSQ_ERR_SUCCESS){
-		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: publishing an inject reply failed");
+	o->id = id;
+	o->count = count;
+	o->qos = reply_qos;
+	*owed_tail = o;
+	owed_tail = &o->next;
+}
+
+void inject_measure(struct mosquitto *client)
+{
+	int queued;
+
+	if(owed_head != NULL && inflight_out_queued(client, &queued) && queued > fullest){
+		fullest = queued;
 	}
+}
+
+void inject_tick(void)
+{
+	struct owed *o, **link = &owed_head;
+	char buf[200];
+	int n;
+
+	while((o = *link) != NULL){
+		if(!o->routed){
+			o->routed = true; /* routed at the top of the next iteration */
+			link = &o->next;
+			continue;
+		}
+		n = snprintf(buf, sizeof(buf), "{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":true,"
+				"\"count\":%u,\"queued\":%d}", (unsigned long long)o->id, o->count, fullest);
+		send_reply(o->to, o->qos, buf, n);
+		*link = o->next;
+		free(o->to);
+		free(o);
+	}
+	owed_tail = link;
+	fullest = -1;
 }
 
 static void free_prepared(struct prepared *m, unsigned n)
@@ -122,7 +194,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		return;
 	}
 	for(i = 0; i < n; i++){
-		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos);
+		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props);
 		rc = mosquitto_broker_publish_copy(NULL, m[i].topic, (int)m[i].payload_len,
 				m[i].payload, m[i].qos, m[i].retain, m[i].props);
 		if(rc != MOSQ_ERR_SUCCESS){
@@ -150,5 +222,14 @@ void inject_stats(struct inject_stats *s)
 
 void inject_cleanup(void)
 {
+	struct owed *o;
+
+	while((o = owed_head) != NULL){
+		owed_head = o->next;
+		free(o->to);
+		free(o);
+	}
+	owed_tail = &owed_head;
+	fullest = -1;
 	n_batches = n_messages = n_refused = 0;
 }

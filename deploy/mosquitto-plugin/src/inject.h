@@ -16,6 +16,10 @@ struct inject_stats {
 };
 
 void inject_on_control(const struct mosquitto_evt_control *ed);
+/* A READ check granted `client` (live, not the sidecar's) an injected message: notes its queue. */
+void inject_measure(struct mosquitto *client);
+/* The end of a loop iteration: the replies of the batches routed in it. */
+void inject_tick(void);
 void inject_stats(struct inject_stats *s);
 void inject_cleanup(void);
 

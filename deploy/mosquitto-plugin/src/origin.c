@@ -128,6 +128,7 @@ struct inj_fp {
 	uint64_t hash;
 	uint32_t len;
 	uint8_t qos;
+	mosquitto_property *props;   /* a copy, while a ring hold exists (origin_routed_props) */
 };
 static struct inj_fp *inj;
 static size_t inj_n, inj_cap, inj_head;
@@ -135,9 +136,13 @@ static int inj_state;
 static bool inj_cur_set;          /* inj_cur_*: the store of the injected message being routed */
 static const char *inj_cur_topic;
 static const void *inj_cur_payload;
+static bool last_injected;        /* the last READ check was of an injected message */
 
 static void inj_clear(void)
 {
+	size_t k;
+
+	for(k = 0; k < inj_n; k++) mosquitto_property_free_all(&inj[k].props);
 	inj_n = inj_head = 0;
 	inj_state = INJ_NONE;
 	inj_cur_set = false;
@@ -319,12 +324,18 @@ const mosquitto_property *origin_routed_props(const char *topic, const void *pay
 		uint32_t len, uint8_t qos)
 {
 	struct fwd_q2 *e;
-	const struct fwd_fp *fp = topic ? fwd_routed(topic, qos, &e) : NULL;
+	const struct fwd_fp *fp;
 
+	if(topic && last_injected && inj_cur_set && topic == inj_cur_topic
+			&& payload == inj_cur_payload && inj_head > 0){
+		return inj[inj_head - 1].props; /* an injected message (injected_routing) */
+	}
+	fp = topic ? fwd_routed(topic, qos, &e) : NULL;
 	return fp && fp_matches(fp, topic, payload, len, qos) ? fp->props : NULL;
 }
 
-void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos)
+void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
+		const mosquitto_property *props)
 {
 	struct inj_fp *grown;
 
@@ -337,8 +348,21 @@ void origin_injected(const char *topic, const void *payload, uint32_t payloadlen
 	inj[inj_n].hash = fp_hash(topic, payload, payloadlen);
 	inj[inj_n].len = payloadlen;
 	inj[inj_n].qos = qos;
+	inj[inj_n].props = NULL;
+	/* a replica's ring keeps the properties of what it refuses (hold.c); on failure it keeps
+	 * the message without them */
+	if(props && keep_props
+			&& mosquitto_property_copy_all(&inj[inj_n].props, props) != MOSQ_ERR_SUCCESS){
+		mosquitto_property_free_all(&inj[inj_n].props);
+	}
 	inj_n++;
 	inj_state = INJ_QUEUED;
+}
+
+/* Whether the last READ check (origin_read_denied) was of an injected message. */
+bool origin_read_injected(void)
+{
+	return last_injected;
 }
 
 /* Is this READ check's message one of the injected ones being routed? */
@@ -370,8 +394,10 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 	bool to_fwd;
 
 	(void)retain;
+	last_injected = false;
 	if(topic == NULL) return false;
 	if(injected_routing(topic, payload, payloadlen, qos)){
+		last_injected = true;
 		/* routed with no client, so No Local cannot keep it from the forwarding connections
 		 * (a loop): refused there, and to shared subscriptions, like .fwd's re-injections */
 		if(!sidecar_is_fwd(client) && !shared_check) return false;
@@ -448,8 +474,8 @@ void origin_cleanup(void)
 	fwd_q2 = NULL;
 	fwd_hits = NULL;
 	fwd_drop_at = 0;
+	inj_clear();
 	free(inj);
 	inj = NULL;
 	inj_cap = 0;
-	inj_clear();
 }

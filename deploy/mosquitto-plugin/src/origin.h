@@ -23,7 +23,9 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 void origin_fwd_auth(struct mosquitto *client);
 void origin_fwd_disconnect(struct mosquitto *client);
 void origin_tick(void);
-void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos);
+void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
+		const mosquitto_property *props);
+bool origin_read_injected(void);
 void origin_stats(struct origin_stats *s);
 void origin_cleanup(void);
 

@@ -445,6 +445,11 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		if(recent_read(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos, ed->retain)){
 			return MOSQ_ERR_ACL_DENIED;
 		}
+		/* an injected message for a live client: its queue sizes the sidecar's next batches */
+		if(origin_read_injected() && !is_sidecar(ed->client) && mosquitto__get_state
+				&& mosquitto__get_state(ed->client) == MOSQ_CS_ACTIVE && !is_shadow(ed->client)){
+			inject_measure(ed->client);
+		}
 	}else{
 		origin_event();
 	}
@@ -749,6 +754,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	origin_tick();
 	pending_resolve_all();
 	inflight_tick(live_conn); /* first: nothing of ours may be queued before its releases */
+	inject_tick();
 
 	now = time(NULL);
 	if(now != last_expiry_check){

@@ -649,14 +649,16 @@ class RawClient:
     DUP resend, a will of any QoS, an abrupt close. Received messages are acknowledged (QoS 1/2)
     and recorded in `messages`; with `hold_pubrel` a PUBREL is recorded in `pubrels` and not
     answered (the message stays between PUBREC and PUBCOMP); with `hold_pubrec` a QoS 2
-    PUBLISH is not answered at all."""
+    PUBLISH is not answered at all; `receive_maximum` is sent in the CONNECT (Mosquitto's
+    in-flight window towards this client)."""
 
     def __init__(self, client_id: str, sock: str | None = None, port: int | None = None,
                  username: str | None = None, password: str | None = None,
                  clean_start: bool = True, session_expiry: int = 0, keepalive: int = 60,
                  will: tuple[str, bytes, int] | None = None, hold_pubrel: bool = False,
-                 hold_pubrec: bool = False) -> None:
+                 hold_pubrec: bool = False, receive_maximum: int | None = None) -> None:
         self.client_id = client_id
+        self.receive_maximum = receive_maximum
         self.hold_pubrel, self.hold_pubrec = hold_pubrel, hold_pubrec
         self.pubrels: list[int] = []
         self.addr = sock if sock else ("127.0.0.1", port)
@@ -710,6 +712,8 @@ class RawClient:
         props = b""
         if self.session_expiry:
             props += b"\x11" + self.session_expiry.to_bytes(4, "big")
+        if self.receive_maximum:
+            props += b"\x21" + self.receive_maximum.to_bytes(2, "big")
         payload = _str(self.client_id)
         if self.will:
             topic, wpayload, wqos = self.will

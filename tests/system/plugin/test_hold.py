@@ -10,6 +10,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from sidecar.local.batch import INJECT_TOPIC, Record, encode_batch
+from sidecar.message import MessageProperties
 from tests.system.plugin.helpers import SECRET, SIDECAR_ID, SIDECAR_USER, Client, FakeSidecar
 
 
@@ -150,13 +152,21 @@ def _props(n: int) -> Properties:
     return p
 
 
-@pytest.mark.parametrize("via_fwd", [False, True], ids=["client publish", "re-injection"])
+def _batch_props(n: int) -> MessageProperties:
+    return MessageProperties(user=(("k", f"v{n}"), ("k", "again")), content_type="text/plain",
+                             response_topic=f"reply/{n}", correlation_data=bytes([n, 0, 255]),
+                             payload_format=1)
+
+
+@pytest.mark.parametrize("via", ["client", "fwd", "batch"],
+                         ids=["client publish", "re-injection", "inject batch"])
 def test_a_ring_hold_replays_properties_identifier_and_the_subscription_qos(
-        make_broker, clients, via_fwd):
+        make_broker, clients, via):
     """What a replica's ring replays is what its session would have queued: the message's v5
-    properties (found through the routing, a client's publish in the catch-up ring or the
-    forwarding connection's re-injection), the Subscription Identifier of the one matching
-    subscription, and its granted QoS (a QoS 2 publish to a QoS 1 subscription)."""
+    properties (found through the routing, a client's publish in the catch-up ring, the
+    forwarding connection's re-injection or a batch's record), the Subscription Identifier of
+    the one matching subscription, and its granted QoS (a QoS 2 publish to a QoS 1
+    subscription)."""
     b = make_broker(opts={"catchup_ms": 5000})
     sidecar = clients(FakeSidecar(b.sock)).start()
     c = clients(Client("propped", port=b.port, session_expiry=300, clean_start=False))
@@ -168,7 +178,7 @@ def test_a_ring_hold_replays_properties_identifier_and_the_subscription_qos(
     sidecar.wait_type("subscribe", client="propped", filter="hp/#", count=2)  # identifier read
     c.disconnect()
     sidecar.wait_type("disconnect", client="propped")
-    if via_fwd:
+    if via == "fwd":
         pub = clients(Client(SIDECAR_ID + ".fwd", sock=b.sock, username=SIDECAR_USER,
                              password=SECRET, clean_start=False, session_expiry=3600))
     else:
@@ -176,9 +186,17 @@ def test_a_ring_hold_replays_properties_identifier_and_the_subscription_qos(
     pub.connect()
     assert sidecar.call("hold", client="propped", on=True, ring=True)["ok"] is True
     cut = int(time.time() * 1000)
-    pub.publish("hp/1", "one", qos=1, properties=_props(1))
-    pub.publish("hp/2", "two", qos=2, properties=_props(2))
-    pub.publish("hp/3", "bare", qos=1)
+    if via == "batch":
+        sidecar.send(encode_batch(1, [Record("hp/1", b"one", 1, properties=_batch_props(1)),
+                                      Record("hp/2", b"two", 2, properties=_batch_props(2)),
+                                      Record("hp/3", b"bare", 1)]), topic=INJECT_TOPIC)
+        deadline = time.monotonic() + 5
+        while sidecar.call("stats")["ring_messages"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        pub.publish("hp/1", "one", qos=1, properties=_props(1))
+        pub.publish("hp/2", "two", qos=2, properties=_props(2))
+        pub.publish("hp/3", "bare", qos=1)
     assert sidecar.call("stats")["ring_messages"] == 3
     assert sidecar.call("hold", client="propped", on=False, since_ms=cut)["ok"] is True
     again = clients(Client("propped", port=b.port, session_expiry=300, clean_start=False))

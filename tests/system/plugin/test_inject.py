@@ -33,6 +33,21 @@ PROPS = MessageProperties(user=(("k", "v"), ("k", "w")), content_type="text/plai
                           message_expiry=300)
 
 
+def inject(sc: FakeSidecar, batch_id: int, data: bytes, timeout: float = 5.0) -> dict:
+    """Send batch `data` (its id `batch_id`) on the control connection; the plugin's reply."""
+    sc.send(data, topic=INJECT_TOPIC)
+    deadline = time.monotonic() + timeout
+    with sc.cond:
+        while True:
+            for r in sc.replies.get(None, []):
+                if r.get("cmd") == "inject" and r.get("batch") == batch_id:
+                    return r
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no reply to inject batch {batch_id}")
+            sc.cond.wait(left)
+
+
 class Net:
     """A broker, the fake sidecar, `.fwd` (plain and shared forwarding subscriptions), a plain
     v5 subscriber and two members of a shared group."""
@@ -63,17 +78,7 @@ class Net:
         self.batch_id += 1
         if data is None:
             data = encode_batch(self.batch_id, records or [])
-        self.sc.send(data, topic=INJECT_TOPIC)
-        deadline = time.monotonic() + timeout
-        with self.sc.cond:
-            while True:
-                for r in self.sc.replies.get(None, []):
-                    if r.get("cmd") == "inject" and r.get("batch") == self.batch_id:
-                        return r
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no reply to inject batch {self.batch_id}")
-                self.sc.cond.wait(left)
+        return inject(self.sc, self.batch_id, data, timeout)
 
     def settle(self) -> None:
         """Everything published so far has been routed and delivered."""
@@ -106,7 +111,8 @@ def test_a_batch_reaches_plain_subscribers_in_order_with_its_properties(net):
             Record("t/e", b"", 1, seq=4)]
     # one record encoded apart: a batch is the records' bytes joined
     reply = net.inject(data=encode_batch(1, [encode_record(r) for r in recs]))
-    assert reply == {"v": 1, "cmd": "inject", "batch": 1, "ok": True, "count": 4}
+    # `queued`: the fullest live subscriber's queue past its in-flight window (paho: empty)
+    assert reply == {"v": 1, "cmd": "inject", "batch": 1, "ok": True, "count": 4, "queued": 0}
     net.settle()
     got = plain(net)   # paho hands a QoS 2 message over at its PUBREL: order within QoS < 2
     assert [g for g in got if g[2] < 2] == [("t/a", b"A0", 0), ("t/a", b"A1", 1),
@@ -189,5 +195,31 @@ def test_the_forwarding_connection_injects_and_gets_its_reply_at_qos_0(net):
         assert time.monotonic() < deadline, "no inject reply on .fwd"
         time.sleep(0.05)
     assert [(json.loads(m.payload), m.qos) for m in replies] == [
-        ({"v": 1, "cmd": "inject", "batch": 9, "ok": True, "count": 1}, 0)]
+        ({"v": 1, "cmd": "inject", "batch": 9, "ok": True, "count": 1, "queued": 0}, 0)]
     assert net.fwd_copies() == [] and net.shared() == []
+
+
+def test_the_reply_says_how_full_the_fullest_subscribers_queue_is(make_broker, clients):
+    """A batch puts a whole frame into the subscribers' queues in one loop iteration, past
+    which (max_queued_messages) Mosquitto drops: the reply, sent once the batch was routed,
+    gives the fullest live subscriber's queue beyond its in-flight window, so the sidecar can
+    size its next batches to the room left (sidecar/routing/injection.py)."""
+    b = make_broker(extra="max_queued_messages 1000")
+    sc = clients(FakeSidecar(b.sock)).start()
+    stuck = clients(RawClient("stuck", port=b.port, hold_pubrec=True, receive_maximum=5))
+    stuck.connect()
+    assert stuck.subscribe("q/#", 2) == [2]
+    fast = clients(Client("fast", port=b.port))
+    fast.connect()
+    assert fast.subscribe("q/#", 2) == [2]
+    reply = inject(sc, 1, encode_batch(1, [Record("q/a", str(i).encode(), 2)
+                                           for i in range(100)]))
+    # 5 in flight (never answered), the rest queued; measured at each READ check, before
+    # Mosquitto queues the message checked
+    assert reply["ok"] and 94 <= reply["queued"] <= 95, reply
+    reply = inject(sc, 2, encode_batch(2, [Record("q/a", b"x", 1) for _ in range(10)]))
+    assert 104 <= reply["queued"] <= 105, reply
+    # a batch no live client subscribes to measures nothing
+    assert inject(sc, 3, encode_batch(3, [Record("u/none", b"x", 1)]))["queued"] == -1
+    assert len(fast.wait_messages(lambda m: m.topic == "q/a", count=110)) == 110
+    assert len(stuck.wait_messages(lambda m: True, count=6, timeout=1.0)) == 5

@@ -213,6 +213,13 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
                              Record("z/none", b"", 1)]),
             topic=INJECT_TOPIC)
     assert both.wait_messages(lambda m: m.topic == "f/2", count=3, timeout=20)
+    # the reply, owed until the TICK after the routing, measures the live subscribers' queues
+    deadline = time.monotonic() + 20
+    while not [r for r in sc.replies.get(None, []) if r.get("cmd") == "inject"]:
+        assert time.monotonic() < deadline, "no reply to inject batch 1"
+        time.sleep(0.1)
+    reply, = [r for r in sc.replies.get(None, []) if r.get("cmd") == "inject"]
+    assert reply["ok"] and reply["count"] == 4 and reply["queued"] >= 0, reply
     sc.send(encode_batch(2, [Record("f/2", b"ok", 1), Record("f/#", b"bad", 1)]),
             topic=INJECT_TOPIC)
     sc.send(b"MQFB\x01", topic=INJECT_TOPIC)

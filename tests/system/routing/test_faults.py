@@ -59,7 +59,8 @@ def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0
     if victim == "n2":
         queued = cluster.routing("n1")["queues"]["n2"]["count"]
         assert queued > 0, "messages for the absent peer wait in the origin's queue"
-    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim)
+    # the restarted sidecar gets the cluster's settings (its max_queued_messages too)
+    result = mqfed("start-node", "--run-dir", str(cluster.run_dir), victim, env=env)
     assert result.returncode == 0, result.stderr
     thread.join(30)
     wait_arrivals(sub, count)  # every message after the restart, or stalled
@@ -143,6 +144,44 @@ def test_backlog_beyond_max_queued_messages_drains_paced(cluster_factory, readab
     queued = _kill_sidecar_under_load(cluster_factory, "n2", downtime=12.0, count=6000,
                                       env={"MQFED_MQTT_INCLUDE": str(conf)})
     assert queued > 3600, f"the backlog ({queued}) must exceed max_queued_messages well"
+
+
+def test_batched_backlog_waits_for_room_in_a_slow_subscribers_queue(cluster_factory,
+                                                                   readable_dir):
+    """Issue 25, `routing.inject_batches`: a batch puts a whole frame (up to 500 messages)
+    into a subscriber's queue in one Mosquitto loop iteration, where its PUBACKs take one
+    message each. n2's sidecar away while 1,500 QoS 1 messages are published on n1, then a
+    backlog under the paced threshold comes back at once to a subscriber reading ~400/s with
+    max_queued_messages 400: before the plugin's replies reported the queue, Mosquitto
+    dropped what did not fit. Now the receiving sidecar sizes its batches to the room."""
+    conf = readable_dir / "small-queue.conf"
+    conf.write_text("max_queued_messages 400\n")
+    conf.chmod(0o644)
+    cluster = cluster_factory(2, env={"MQFED_MQTT_INCLUDE": str(conf),
+                                      "MQFED_ROUTING_INJECT_BATCHES": "true"})
+    count, topic = 1500, "slow/x"
+    sub = Client(cluster.ports["n2"], "slow-sub", clean=False, session_expiry=600)
+    assert sub.wait_connected()
+
+    def slow(client, userdata, msg) -> None:   # paho sends the PUBACK after this returns
+        time.sleep(0.0025)
+        sub.messages.append(msg)
+    sub.client.on_message = slow
+    sub.subscribe(topic, qos=1)
+    cluster.wait_interest("n2", topic)
+    cut = [cluster.run_dir / "nodes" / n / "blocked-peers" for n in ("n1", "n2")]
+    cut[0].write_text("n2")   # the link cut both ways (a restarted sidecar would not have
+    cut[1].write_text("n1")   # this test's max_queued_messages in its environment)
+    time.sleep(1.0)           # both sidecars read the files every 0.2 s
+    _publish_sequence(cluster.ports["n1"], count, rate=1000, topic=topic).join(30)
+    assert cluster.routing("n1")["queues"]["n2"]["count"] == count
+    for f in cut:
+        f.unlink()
+    wait_arrivals(sub, count)
+    _check_sequence(sub, count)
+    inject = cluster.routing("n2")["inject"]
+    assert inject["waits"] > 0, inject   # the room was what held the backlog back
+    sub.close()
 
 
 def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):

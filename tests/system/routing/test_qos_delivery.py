@@ -99,7 +99,18 @@ def _check(sub: Client, sub_qos: int, prefix: str, publishers: list[str],
 
 @pytest.mark.parametrize("mode", ["flat_out", "paced"])
 def test_every_qos_arrives_complete_in_order_exactly_once(shared_cluster, mode):
-    cluster = shared_cluster
+    _every_qos(shared_cluster, mode)
+
+
+def test_every_qos_arrives_complete_with_one_publish_per_message(cluster_factory):
+    """The same with `routing.inject_batches` off: the receiving sidecar re-injects each
+    message as its own PUBLISH through the re-injection window (the path before issue 25)."""
+    cluster = cluster_factory(3, env={"MQFED_ROUTING_INJECT_BATCHES": "false"})
+    _every_qos(cluster, "paced")
+    assert all(cluster.routing(n)["inject"] is None for n in ("n1", "n3"))
+
+
+def _every_qos(cluster, mode: str) -> None:
     prefix = f"qosvol/{mode}"
     subs: list[tuple[Client, int]] = []
     for node in ("n1", "n3"):
@@ -138,6 +149,8 @@ def test_every_qos_arrives_complete_in_order_exactly_once(shared_cluster, mode):
         for node in ("n1", "n3"):
             window = cluster.routing(node)["fwd"]["reinject"]
             assert window["refused"] == 0, (node, window)
+            inject = cluster.routing(node)["inject"]   # None: one PUBLISH per message
+            assert inject is None or inject["refused"] == inject["timeouts"] == 0, inject
     finally:
         for p in pubs:
             p.client.close()
