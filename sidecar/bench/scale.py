@@ -1,13 +1,23 @@
-"""`mqfed bench --scale`: the control plane under many subscriptions, on a real 3-node cluster.
+"""`mqfed bench --scale`: the control plane under many subscriptions and clients, on a real
+cluster (3 nodes, or one cluster per size of `node_counts`, one after the other).
 
-Three phases, each timed from outside (state.json, written every 0.2-0.5 s, so times are
-± 0.5 s; the lag figures come from the nodes' own interest-apply histograms):
+Five phases, chosen by `phases`, run in this order; times are taken from outside
+(state.json, written every 0.2-0.5 s, so the bulk, churn and join times are ± 0.5 s; the lag
+figures come from the nodes' own interest-apply histograms):
 1. bulk: one client on n1 subscribes `filters` distinct filters (SUBSCRIBE packets of 100):
    time until every peer routes them (holds the forwarding subscriptions and n1 saw them
    applied), CPU seconds and memory growth per 10,000 filters in every sidecar and Mosquitto;
 2. churn: one client per node subscribes and unsubscribes `churn_rate` filters per second in
    all (each), for `churn_seconds`: interest lag p50/p99 over that time (bucket-interpolated);
-3. join: `mqfed add-node`, then the time until the new node knows everyone's interest (every
+3. clients: `clients` light MQTT 3.1.1 clients connect through the HAProxy front (beyond
+   its maxconn, straight to the nodes in turn), each subscribes to its own topic; one QoS 1
+   publish from n1 to every topic: connect time, every client reached (the missing named),
+   delivery time, memory per client in every Mosquitto, sidecar and the front
+   (`sidecar.bench.scale_clients`);
+4. fanout: `fanout` subscribers spread evenly over the nodes on one topic, `fanout_publishes`
+   publishes from n1 one after another: arrival p50/p99, and the messages and bytes n1 wrote
+   to each peer per publish (a message crosses to each other node once);
+5. join: `mqfed add-node`, then the time until the new node knows everyone's interest (every
    peer's keys held there, the criterion before 2026-11-26), and until it routes it: also
    persisted, its forwarding subscriptions issued and every SUBSCRIBE answered by Mosquitto.
 """
@@ -325,6 +335,11 @@ def _render_one(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _range(values: dict[str, float]) -> str:
+    low, high = min(values.values(), default=0), max(values.values(), default=0)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
 def _cell(report: dict[str, Any], phase: str, text: Callable[[dict[str, Any]], str]) -> str:
     return text(report[phase]) if phase in report else "-"
 
@@ -337,8 +352,8 @@ SERIES_COLUMNS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("clients delivered s", "clients", lambda c: f"{c['delivered_s']}"),
     ("fanout reached", "fanout", lambda f: f"{f['reached']:,}/{f['subscribers']:,}"),
     ("fanout p50/p99 ms", "fanout", lambda f: f"{f['p50_ms']}/{f['p99_ms']}"),
-    ("n1->peer B/pub", "fanout",
-     lambda f: "/".join(str(v) for v in sorted(set(f["n1_bytes_per_publish_per_peer"].values())))),
+    ("n1->peer msg/pub", "fanout", lambda f: _range(f["n1_messages_per_publish_per_peer"])),
+    ("n1->peer B/pub", "fanout", lambda f: _range(f["n1_bytes_per_publish_per_peer"])),
     ("all peer B/pub", "fanout", lambda f: f"{f['all_peer_bytes_per_publish']:,}"),
     ("join routed s", "join", lambda j: f"{j['routed_after_ready_s']}"),
 ]

@@ -2,7 +2,8 @@
 - clients: many clients connect through the HAProxy front, each subscribes to its own topic;
   one publish to every topic from n1; all reached, the times, memory per client;
 - fanout: subscribers spread evenly over the nodes (direct), one topic; a short series of
-  publishes from n1; arrival p50/p99 and the peer-stream bytes per publish.
+  publishes from n1; arrival p50/p99, and the messages and bytes each node wrote to its peers
+  per publish (from their /metrics).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +36,7 @@ FRONT_MARGIN = 8  # front connections left free below HAProxy's maxconn
 FD_SPARE = 500
 DELIVERY_TIMEOUT = 60.0
 MISSING_SHOWN = 20
-STATE_REFRESH = 1.2  # s: longer than state.json's rewrite interval
+IDLE_WINDOW = 2.0  # s of the peers' own traffic measured before the fan-out publishes
 
 
 def front_info(cluster: BenchCluster) -> dict[str, str]:
@@ -216,26 +218,55 @@ def _per_client(before: dict, after: dict, on_node: dict[str, int],
     return out
 
 
-def _peer_bytes(cluster: BenchCluster) -> dict[str, dict[str, tuple[int, int]]]:
-    """node -> peer -> (bytes, frames) it wrote on its streams with that peer (both)."""
-    out = {}
-    for node in _nodes(cluster):
-        peers = ((cluster.state(node).get("routing") or {}).get("peers") or {})
-        out[node] = {p: (sum((v.get(s) or {}).get("bytes_out", 0) for s in ("outbound",
-                                                                             "inbound")),
-                         sum((v.get(s) or {}).get("frames_out", 0) for s in ("outbound",
-                                                                             "inbound")))
-                     for p, v in peers.items()}
+def _metric_value(line: str) -> tuple[str, dict[str, str], float]:
+    """(name, labels, value) of one Prometheus text line."""
+    head, _, value = line.rpartition(" ")
+    name, _, rest = head.partition("{")
+    labels = dict(part.split("=", 1) for part in rest.rstrip("}").split(",") if "=" in part)
+    return name, {k: v.strip('"') for k, v in labels.items()}, float(value)
+
+
+def parse_peer_traffic(text: str) -> dict[str, list[float]]:
+    """peer -> [bytes written on both streams with it, messages sent to it] from a node's
+    /metrics text (pure)."""
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("mqfed_peer_bytes_total{"):
+            _, labels, value = _metric_value(line)
+            if labels.get("direction") == "out":
+                out.setdefault(labels["peer"], [0.0, 0.0])[0] += value
+        elif line.startswith("mqfed_peer_messages_sent_total{"):
+            _, labels, value = _metric_value(line)
+            out.setdefault(labels["peer"], [0.0, 0.0])[1] += value
     return out
 
 
-def _bytes_delta(before: dict, after: dict, publishes: int) -> dict[str, dict[str, list]]:
-    """node -> peer -> [bytes, frames] per publish (rounded)."""
-    return {node: {p: [round((after[node][p][0] - before.get(node, {}).get(p, (0, 0))[0])
-                             / publishes),
-                       round((after[node][p][1] - before.get(node, {}).get(p, (0, 0))[1])
-                             / publishes, 2)]
-                   for p in after[node]} for node in after}
+def _peer_traffic(cluster: BenchCluster) -> dict[str, dict[str, list[float]]]:
+    """node -> parse_peer_traffic of its /metrics, read now."""
+    out = {}
+    for node in cluster.info["nodes"]:
+        with urllib.request.urlopen(f"http://{node['metrics']}/metrics", timeout=10) as resp:
+            out[node["id"]] = parse_peer_traffic(resp.read().decode())
+    return out
+
+
+def traffic_per_publish(idle: tuple[dict, dict, float], busy: tuple[dict, dict, float],
+                        publishes: int) -> dict[str, dict[str, dict[str, float]]]:
+    """node -> peer -> bytes (the idle window's rate taken off), raw bytes and messages per
+    publish, from (before, after, seconds) readings of _peer_traffic (pure)."""
+    (i0, i1, idle_s), (b0, b1, busy_s) = idle, busy
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for node, peers in b1.items():
+        for peer, (nbytes, msgs) in peers.items():
+            start = b0.get(node, {}).get(peer, [0.0, 0.0])
+            rate = ((i1.get(node, {}).get(peer, [0.0])[0] - i0.get(node, {}).get(peer, [0.0])[0])
+                    / idle_s if idle_s > 0 else 0.0)
+            raw = nbytes - start[0]
+            out.setdefault(node, {})[peer] = {
+                "bytes": round((raw - rate * busy_s) / publishes),
+                "raw_bytes": round(raw / publishes),
+                "messages": round((msgs - start[1]) / publishes, 2)}
+    return out
 
 
 async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
@@ -257,8 +288,9 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
             wait_until, lambda: interest_keys(cluster, nodes) >= keys + len(set(homes))
             and routed(cluster, nodes), timeout, "every node to route the fan-out topic")
         pub = await open_client(cluster.port("n1"), f"fo-{run}-pub")
-        await asyncio.sleep(STATE_REFRESH)
-        before = _peer_bytes(cluster)
+        t0, idle0 = time.monotonic(), _peer_traffic(cluster)
+        await asyncio.sleep(IDLE_WINDOW)  # the peers' own traffic meanwhile, to take off
+        t1, idle1 = time.monotonic(), _peer_traffic(cluster)
         for k in range(publishes):
             payload = k.to_bytes(4, "big") + b"f" * max(0, size - 4)
             sent = time.perf_counter()
@@ -270,8 +302,7 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
             if got:
                 spans.append(max(got))
             await asyncio.sleep(0.2)
-        await asyncio.sleep(STATE_REFRESH)
-        after = _peer_bytes(cluster)
+        t2, after = time.monotonic(), _peer_traffic(cluster)
     finally:
         _close(clients)
         if pub is not None:
@@ -280,7 +311,8 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
     missing = [f"fo-{run}-{i}" for i, c in enumerate(clients)
                if c is None or len(c.arrivals) < publishes]
     ordered = sorted(latencies)
-    per_publish = _bytes_delta(before, after, publishes)
+    per_publish = traffic_per_publish((idle0, idle1, t1 - t0), (idle1, after, t2 - t1),
+                                      publishes)
     return {
         "subscribers": count, "publishes": publishes, "payload_bytes": size,
         "on_node": {n: homes.count(n) for n in nodes}, "connect_errors": len(errors),
@@ -289,9 +321,13 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
         "p99_ms": round(percentile(ordered, 99) * 1000, 2) if ordered else None,
         "max_ms": round(ordered[-1] * 1000, 2) if ordered else None,
         "all_reached_p50_ms": round(percentile(sorted(spans), 50) * 1000, 2) if spans else None,
-        "peer_bytes_per_publish": per_publish,
-        "n1_bytes_per_publish_per_peer": {p: v[0] for p, v in per_publish["n1"].items()},
-        "all_peer_bytes_per_publish": sum(v[0] for peers in per_publish.values()
+        "peer_traffic_per_publish": per_publish,
+        "n1_messages_per_publish_per_peer": {p: v["messages"]
+                                             for p, v in per_publish["n1"].items()},
+        "n1_bytes_per_publish_per_peer": {p: v["bytes"] for p, v in per_publish["n1"].items()},
+        "n1_raw_bytes_per_publish_per_peer": {p: v["raw_bytes"]
+                                              for p, v in per_publish["n1"].items()},
+        "all_peer_bytes_per_publish": sum(v["bytes"] for peers in per_publish.values()
                                           for v in peers.values()),
     }
 
@@ -343,7 +379,8 @@ def render_clients(c: dict[str, Any]) -> list[str]:
 
 def render_fanout(f: dict[str, Any]) -> list[str]:
     """The fan-out phase as lines of text."""
-    n1 = ", ".join(f"n1->{p} {v:,} B"
+    n1 = ", ".join(f"n1->{p} {f['n1_messages_per_publish_per_peer'][p]} msg {v:,} B "
+                   f"({f['n1_raw_bytes_per_publish_per_peer'][p]:,} B raw)"
                    for p, v in sorted(f["n1_bytes_per_publish_per_peer"].items()))
     return [
         f"fanout: {f['subscribers']:,} subscribers on one topic ("
@@ -352,5 +389,6 @@ def render_fanout(f: dict[str, Any]) -> list[str]:
         f"{f['reached']:,} reached by all{_missing(f)}; arrival after the publish p50 "
         f"{f['p50_ms']} ms, p99 {f['p99_ms']} ms, max {f['max_ms']} ms (the last of a "
         f"publish's arrivals p50 {f['all_reached_p50_ms']} ms)",
-        f"  peer-stream bytes per publish (both directions of each pair): {n1}; all nodes' "
-        f"peer streams {f['all_peer_bytes_per_publish']:,} B"]
+        f"  per publish, messages and bytes n1 wrote to each peer (both streams; the idle "
+        f"rate measured before taken off): {n1}; every node's writes to its peers "
+        f"{f['all_peer_bytes_per_publish']:,} B"]
