@@ -3,7 +3,7 @@
   one publish to every topic from n1; all reached, the times, memory per client;
 - fanout: subscribers spread evenly over the nodes (direct), one topic; a short series of
   publishes from n1; arrival p50/p99, and the messages and bytes each node wrote to its peers
-  per publish (from their /metrics).
+  per publish (from their /metrics, read around each publish; the median of the publishes).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ FRONT_MARGIN = 8  # front connections left free below HAProxy's maxconn
 FD_SPARE = 500
 DELIVERY_TIMEOUT = 60.0
 MISSING_SHOWN = 20
-IDLE_WINDOW = 2.0  # s of the peers' own traffic measured before the fan-out publishes
 
 
 def front_info(cluster: BenchCluster) -> dict[str, str]:
@@ -250,23 +249,33 @@ def _peer_traffic(cluster: BenchCluster) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def traffic_per_publish(idle: tuple[dict, dict, float], busy: tuple[dict, dict, float],
-                        publishes: int) -> dict[str, dict[str, dict[str, float]]]:
-    """node -> peer -> bytes (the idle window's rate taken off), raw bytes and messages per
-    publish, from (before, after, seconds) readings of _peer_traffic (pure)."""
-    (i0, i1, idle_s), (b0, b1, busy_s) = idle, busy
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for node, peers in b1.items():
-        for peer, (nbytes, msgs) in peers.items():
-            start = b0.get(node, {}).get(peer, [0.0, 0.0])
-            rate = ((i1.get(node, {}).get(peer, [0.0])[0] - i0.get(node, {}).get(peer, [0.0])[0])
-                    / idle_s if idle_s > 0 else 0.0)
-            raw = nbytes - start[0]
-            out.setdefault(node, {})[peer] = {
-                "bytes": round((raw - rate * busy_s) / publishes),
-                "raw_bytes": round(raw / publishes),
-                "messages": round((msgs - start[1]) / publishes, 2)}
-    return out
+def traffic_delta(before: dict, after: dict) -> dict[str, dict[str, list[float]]]:
+    """node -> peer -> [bytes, messages] between two _peer_traffic readings (pure)."""
+    return {node: {peer: [v - w for v, w in zip(vals, before.get(node, {}).get(peer, [0, 0]),
+                                                strict=True)]
+                   for peer, vals in peers.items()} for node, peers in after.items()}
+
+
+def median_traffic(deltas: list[dict[str, dict[str, list[float]]]]) -> dict[str, Any]:
+    """Per pair (node -> peer -> [bytes, messages]) and in all (bytes summed over every pair):
+    the median over one traffic_delta per publish, so that a frame of the peers' own
+    traffic in one publish's window does not count (pure)."""
+    pairs = {(node, peer) for d in deltas for node, peers in d.items() for peer in peers}
+    per_pair: dict[str, dict[str, list[float]]] = {}
+    for node, peer in sorted(pairs):
+        values = [d.get(node, {}).get(peer, [0.0, 0.0]) for d in deltas]
+        per_pair.setdefault(node, {})[peer] = [_median([v[0] for v in values]),
+                                               _median([v[1] for v in values])]
+    totals = [sum(v[0] for peers in d.values() for v in peers.values()) for d in deltas]
+    return {"pairs": per_pair, "all_bytes": _median(totals)}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
@@ -288,21 +297,20 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
             wait_until, lambda: interest_keys(cluster, nodes) >= keys + len(set(homes))
             and routed(cluster, nodes), timeout, "every node to route the fan-out topic")
         pub = await open_client(cluster.port("n1"), f"fo-{run}-pub")
-        t0, idle0 = time.monotonic(), _peer_traffic(cluster)
-        await asyncio.sleep(IDLE_WINDOW)  # the peers' own traffic meanwhile, to take off
-        t1, idle1 = time.monotonic(), _peer_traffic(cluster)
+        deltas = []
         for k in range(publishes):
             payload = k.to_bytes(4, "big") + b"f" * max(0, size - 4)
+            before = _peer_traffic(cluster)
             sent = time.perf_counter()
             await asyncio.wait_for(pub.publish_qos1(topic, payload), 30)
             await _until_reached(clients, k + 1, DELIVERY_TIMEOUT)
+            deltas.append(traffic_delta(before, _peer_traffic(cluster)))
             got = [c.arrivals[k][0] - sent for c in clients
                    if c is not None and len(c.arrivals) > k]
             latencies += got
             if got:
                 spans.append(max(got))
             await asyncio.sleep(0.2)
-        t2, after = time.monotonic(), _peer_traffic(cluster)
     finally:
         _close(clients)
         if pub is not None:
@@ -311,8 +319,8 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
     missing = [f"fo-{run}-{i}" for i, c in enumerate(clients)
                if c is None or len(c.arrivals) < publishes]
     ordered = sorted(latencies)
-    per_publish = traffic_per_publish((idle0, idle1, t1 - t0), (idle1, after, t2 - t1),
-                                      publishes)
+    traffic = median_traffic(deltas)
+    n1 = traffic["pairs"].get("n1", {})
     return {
         "subscribers": count, "publishes": publishes, "payload_bytes": size,
         "on_node": {n: homes.count(n) for n in nodes}, "connect_errors": len(errors),
@@ -321,14 +329,10 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
         "p99_ms": round(percentile(ordered, 99) * 1000, 2) if ordered else None,
         "max_ms": round(ordered[-1] * 1000, 2) if ordered else None,
         "all_reached_p50_ms": round(percentile(sorted(spans), 50) * 1000, 2) if spans else None,
-        "peer_traffic_per_publish": per_publish,
-        "n1_messages_per_publish_per_peer": {p: v["messages"]
-                                             for p, v in per_publish["n1"].items()},
-        "n1_bytes_per_publish_per_peer": {p: v["bytes"] for p, v in per_publish["n1"].items()},
-        "n1_raw_bytes_per_publish_per_peer": {p: v["raw_bytes"]
-                                              for p, v in per_publish["n1"].items()},
-        "all_peer_bytes_per_publish": sum(v["bytes"] for peers in per_publish.values()
-                                          for v in peers.values()),
+        "peer_traffic_per_publish": traffic["pairs"],
+        "n1_messages_per_publish_per_peer": {p: v[1] for p, v in n1.items()},
+        "n1_bytes_per_publish_per_peer": {p: round(v[0]) for p, v in n1.items()},
+        "all_peer_bytes_per_publish": round(traffic["all_bytes"]),
     }
 
 
@@ -379,8 +383,7 @@ def render_clients(c: dict[str, Any]) -> list[str]:
 
 def render_fanout(f: dict[str, Any]) -> list[str]:
     """The fan-out phase as lines of text."""
-    n1 = ", ".join(f"n1->{p} {f['n1_messages_per_publish_per_peer'][p]} msg {v:,} B "
-                   f"({f['n1_raw_bytes_per_publish_per_peer'][p]:,} B raw)"
+    n1 = ", ".join(f"n1->{p} {f['n1_messages_per_publish_per_peer'][p]} msg {v:,} B"
                    for p, v in sorted(f["n1_bytes_per_publish_per_peer"].items()))
     return [
         f"fanout: {f['subscribers']:,} subscribers on one topic ("
@@ -389,6 +392,6 @@ def render_fanout(f: dict[str, Any]) -> list[str]:
         f"{f['reached']:,} reached by all{_missing(f)}; arrival after the publish p50 "
         f"{f['p50_ms']} ms, p99 {f['p99_ms']} ms, max {f['max_ms']} ms (the last of a "
         f"publish's arrivals p50 {f['all_reached_p50_ms']} ms)",
-        f"  per publish, messages and bytes n1 wrote to each peer (both streams; the idle "
-        f"rate measured before taken off): {n1}; every node's writes to its peers "
+        f"  per publish (median over the publishes), messages and bytes n1 wrote to each peer "
+        f"(both streams): {n1}; every node's writes to its peers "
         f"{f['all_peer_bytes_per_publish']:,} B"]

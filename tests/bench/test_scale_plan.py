@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from sidecar.bench.scale import _render_series
 from sidecar.bench.scale_clients import (
+    median_traffic,
     parse_peer_traffic,
     plan_ports,
     render_clients,
     render_fanout,
     spread,
-    traffic_per_publish,
+    traffic_delta,
 )
 
 
@@ -69,9 +70,8 @@ def test_the_fanout_phase_shows_the_messages_and_bytes_per_publish_per_peer():
         "subscribers": 4, "publishes": 2, "payload_bytes": 100, "on_node": {"n1": 2, "n2": 2},
         "reached": 4, "missing": 0, "missing_shown": [], "p50_ms": 1.0, "p99_ms": 2.0,
         "max_ms": 2.5, "all_reached_p50_ms": 2.0, "n1_bytes_per_publish_per_peer": {"n2": 155},
-        "n1_raw_bytes_per_publish_per_peer": {"n2": 170},
         "n1_messages_per_publish_per_peer": {"n2": 1.0}, "all_peer_bytes_per_publish": 190}))
-    assert "n1->n2 1.0 msg 155 B (170 B raw)" in text and "peers 190 B" in text
+    assert "n1->n2 1.0 msg 155 B;" in text and "peers 190 B" in text
 
 
 METRICS = """# HELP mqfed_peer_bytes_total Stream bytes.
@@ -88,8 +88,14 @@ def test_peer_traffic_counts_the_bytes_written_on_both_streams_and_the_messages_
     assert parse_peer_traffic(METRICS) == {"n2": [1020.0, 7.0], "n3": [5.0, 0.0]}
 
 
-def test_the_idle_rate_is_taken_off_the_bytes_per_publish():
-    idle = ({"n1": {"n2": [0.0, 0.0]}}, {"n1": {"n2": [20.0, 0.0]}}, 2.0)  # 10 B/s
-    busy = ({"n1": {"n2": [20.0, 0.0]}}, {"n1": {"n2": [370.0, 2.0]}}, 3.0)
-    assert traffic_per_publish(idle, busy, 2) == {
-        "n1": {"n2": {"bytes": 160, "raw_bytes": 175, "messages": 1.0}}}
+def test_the_traffic_per_publish_is_the_median_so_one_stray_frame_does_not_count():
+    reads = [{"n1": {"n2": [0.0, 0.0]}, "n2": {"n1": [0.0, 0.0]}},
+             {"n1": {"n2": [150.0, 1.0]}, "n2": {"n1": [30.0, 0.0]}},
+             {"n1": {"n2": [300.0, 2.0]}, "n2": {"n1": [60.0, 0.0]}},
+             {"n1": {"n2": [1100.0, 3.0]}, "n2": {"n1": [90.0, 0.0]}}]  # + a stray 650 B
+    deltas = [traffic_delta(a, b) for a, b in zip(reads, reads[1:], strict=False)]
+    assert deltas[2] == {"n1": {"n2": [800.0, 1.0]}, "n2": {"n1": [30.0, 0.0]}}
+    assert median_traffic(deltas) == {"pairs": {"n1": {"n2": [150.0, 1.0]},
+                                                "n2": {"n1": [30.0, 0.0]}},
+                                      "all_bytes": 180.0}
+    assert median_traffic(deltas[:2])["all_bytes"] == 180.0
