@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,16 +17,20 @@ from typing import Any
 from sidecar.bench.cluster import BenchCluster
 from sidecar.bench.measure import percentile
 from sidecar.bench.scale_state import (
+    front_info,
+    front_pid,
+    front_sessions,
     interest_keys,
+    median_traffic,
+    peer_traffic,
     proc_usage,
     routed,
     steady_keys,
+    traffic_delta,
     usage,
     wait_until,
 )
 from sidecar.bench.swarm import LightClient, open_client, raise_fd_limit
-from sidecar.devcluster import haproxy
-from sidecar.devcluster.layout import Layout
 
 CONNECTING = 100  # handshakes in flight at once
 WINDOW = 20  # QoS 1 publishes in flight (Mosquitto's default max_inflight_messages)
@@ -36,37 +38,6 @@ FRONT_MARGIN = 8  # front connections left free below HAProxy's maxconn
 FD_SPARE = 500
 DELIVERY_TIMEOUT = 60.0
 MISSING_SHOWN = 20
-
-
-def front_info(cluster: BenchCluster) -> dict[str, str]:
-    """HAProxy's `show info` of the cluster's front (Maxconn, Ulimit-n, ...)."""
-    lay = Layout(cluster.base_port, cluster.run_dir)
-    out = {}
-    for line in haproxy.command(lay, "show info").splitlines():
-        key, _, value = line.partition(":")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def front_sessions(cluster: BenchCluster) -> dict[str, int]:
-    """Current connections per front server (node id) from HAProxy's `show stat`."""
-    lay = Layout(cluster.base_port, cluster.run_dir)
-    out: dict[str, int] = {}
-    for row in haproxy.command(lay, "show stat").splitlines():
-        cols = row.split(",")
-        if len(cols) > 4 and cols[0] == haproxy.BACKEND and cols[1] not in ("BACKEND",
-                                                                             "FRONTEND"):
-            out[cols[1]] = int(cols[4] or 0)
-    return out
-
-
-def front_pid(cluster: BenchCluster) -> int | None:
-    """HAProxy's PID, from the run dir's cluster.json."""
-    try:
-        state = json.loads((cluster.run_dir / "cluster.json").read_text())
-        return int((state.get("haproxy") or {})["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def plan_ports(count: int, front_port: int, front_room: int,
@@ -217,67 +188,6 @@ def _per_client(before: dict, after: dict, on_node: dict[str, int],
     return out
 
 
-def _metric_value(line: str) -> tuple[str, dict[str, str], float]:
-    """(name, labels, value) of one Prometheus text line."""
-    head, _, value = line.rpartition(" ")
-    name, _, rest = head.partition("{")
-    labels = dict(part.split("=", 1) for part in rest.rstrip("}").split(",") if "=" in part)
-    return name, {k: v.strip('"') for k, v in labels.items()}, float(value)
-
-
-def parse_peer_traffic(text: str) -> dict[str, list[float]]:
-    """peer -> [bytes written on both streams with it, messages sent to it] from a node's
-    /metrics text (pure)."""
-    out: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        if line.startswith("mqfed_peer_bytes_total{"):
-            _, labels, value = _metric_value(line)
-            if labels.get("direction") == "out":
-                out.setdefault(labels["peer"], [0.0, 0.0])[0] += value
-        elif line.startswith("mqfed_peer_messages_sent_total{"):
-            _, labels, value = _metric_value(line)
-            out.setdefault(labels["peer"], [0.0, 0.0])[1] += value
-    return out
-
-
-def _peer_traffic(cluster: BenchCluster) -> dict[str, dict[str, list[float]]]:
-    """node -> parse_peer_traffic of its /metrics, read now."""
-    out = {}
-    for node in cluster.info["nodes"]:
-        with urllib.request.urlopen(f"http://{node['metrics']}/metrics", timeout=10) as resp:
-            out[node["id"]] = parse_peer_traffic(resp.read().decode())
-    return out
-
-
-def traffic_delta(before: dict, after: dict) -> dict[str, dict[str, list[float]]]:
-    """node -> peer -> [bytes, messages] between two _peer_traffic readings (pure)."""
-    return {node: {peer: [v - w for v, w in zip(vals, before.get(node, {}).get(peer, [0, 0]),
-                                                strict=True)]
-                   for peer, vals in peers.items()} for node, peers in after.items()}
-
-
-def median_traffic(deltas: list[dict[str, dict[str, list[float]]]]) -> dict[str, Any]:
-    """Per pair (node -> peer -> [bytes, messages]) and in all (bytes summed over every pair):
-    the median over one traffic_delta per publish, so that a frame of the peers' own
-    traffic in one publish's window does not count (pure)."""
-    pairs = {(node, peer) for d in deltas for node, peers in d.items() for peer in peers}
-    per_pair: dict[str, dict[str, list[float]]] = {}
-    for node, peer in sorted(pairs):
-        values = [d.get(node, {}).get(peer, [0.0, 0.0]) for d in deltas]
-        per_pair.setdefault(node, {})[peer] = [_median([v[0] for v in values]),
-                                               _median([v[1] for v in values])]
-    totals = [sum(v[0] for peers in d.values() for v in peers.values()) for d in deltas]
-    return {"pairs": per_pair, "all_bytes": _median(totals)}
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
                   timeout: float, say) -> dict[str, Any]:
     nodes = _nodes(cluster)
@@ -300,11 +210,11 @@ async def _fanout(cluster: BenchCluster, count: int, publishes: int, size: int,
         deltas = []
         for k in range(publishes):
             payload = k.to_bytes(4, "big") + b"f" * max(0, size - 4)
-            before = _peer_traffic(cluster)
+            before = peer_traffic(cluster)
             sent = time.perf_counter()
             await asyncio.wait_for(pub.publish_qos1(topic, payload), 30)
             await _until_reached(clients, k + 1, DELIVERY_TIMEOUT)
-            deltas.append(traffic_delta(before, _peer_traffic(cluster)))
+            deltas.append(traffic_delta(before, peer_traffic(cluster)))
             got = [c.arrivals[k][0] - sent for c in clients
                    if c is not None and len(c.arrivals) > k]
             latencies += got

@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 from sidecar.bench.scale import _render_series
-from sidecar.bench.scale_clients import (
-    median_traffic,
-    parse_peer_traffic,
-    plan_ports,
-    render_clients,
-    render_fanout,
-    spread,
-    traffic_delta,
-)
+from sidecar.bench.scale_clients import plan_ports, render_clients, render_fanout, spread
+from sidecar.bench.scale_state import median_traffic, parse_peer_traffic, traffic_delta
 
 
 def test_clients_go_through_the_front_up_to_its_room_then_to_the_nodes_in_turn():
