@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 from sidecar._proto import admin_pb2
 from sidecar.admin.client import AdminClient
 from sidecar.bench.cluster import BenchCluster
-from sidecar.bench.scale import _wait
+from sidecar.bench.scale_state import wait_until
 from sidecar.devcluster import haproxy
 from sidecar.devcluster.layout import Layout
 from sidecar.tokens import read_token
@@ -159,8 +159,9 @@ def _front(cluster: BenchCluster, enable: bool, nodes: list[str]) -> None:
     for node in nodes:
         haproxy.command(layout, f"{'enable' if enable else 'disable'} server nodes/{node}")
     if enable:
-        _wait(lambda: all(haproxy.servers_state(layout).get(n, "").startswith("UP")
-                          for n in nodes), 30, "HAProxy to send clients to " + ", ".join(nodes))
+        wait_until(lambda: all(haproxy.servers_state(layout).get(n, "").startswith("UP")
+                               for n in nodes), 30,
+                   "HAProxy to send clients to " + ", ".join(nodes))
 
 
 async def _drain(admin: str, token: str, timeout: float) -> list[tuple[float, Any]]:
@@ -202,7 +203,7 @@ def run_drain(opts: DrainOptions, say: Callable[[str], None]) -> dict[str, Any]:
             "through the front ...")
         workers = _Workers(cluster.base_port, ids)
         workers.ask(None, opts.timeout)
-        _wait(lambda: _online(cluster, "n1") >= opts.clients, 60, "n1 to hold every client")
+        wait_until(lambda: _online(cluster, "n1") >= opts.clients, 60, "n1 to hold every client")
         _front(cluster, True, ["n2", "n3"])
         token = read_token(opts.run_dir / "admin-token")
         say("draining n1 ...")

@@ -28,7 +28,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from sidecar.bench.cluster import BenchCluster
-from sidecar.bench.scale import _per_10k, _usage, _wait
+from sidecar.bench.scale import _per_10k
+from sidecar.bench.scale_state import usage, wait_until
 
 EXPIRY = 3600
 WORKERS = 4
@@ -130,7 +131,7 @@ def _throughput(cluster: BenchCluster, messages: int, run: str, say) -> dict[str
 def _make(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[str, Any]:
     nodes = [n["id"] for n in cluster.info["nodes"]]
     say(f"make: {opts.sessions:,} persistent sessions over {', '.join(nodes)} ...")
-    before = _usage(cluster)
+    before = usage(cluster)
     base = {n: _records(cluster, n) for n in nodes}
     start = time.monotonic()
     with ThreadPoolExecutor(WORKERS) as pool:
@@ -139,11 +140,11 @@ def _make(cluster: BenchCluster, opts: SessionsOptions, run: str, say) -> dict[s
         for job in jobs:
             job.result()
     made = time.monotonic()
-    known = _wait(lambda: all(_records(cluster, n) - base[n] >= opts.sessions for n in nodes),
-                  opts.timeout, "every node to hold every session")
-    replicas = _wait(lambda: sum(_records(cluster, n, "replicas") for n in nodes)
-                     >= opts.sessions, opts.timeout, "a replica of every session")
-    after = _usage(cluster)
+    known = wait_until(lambda: all(_records(cluster, n) - base[n] >= opts.sessions for n in nodes),
+                       opts.timeout, "every node to hold every session")
+    replicas = wait_until(lambda: sum(_records(cluster, n, "replicas") for n in nodes)
+                          >= opts.sessions, opts.timeout, "a replica of every session")
+    after = usage(cluster)
     per = _per_10k(before, after, opts.sessions)
     return {"sessions": opts.sessions, "made_s": round(made - start, 1),
             "known_everywhere_after_s": round(known - made, 2),
@@ -159,11 +160,11 @@ def _join(cluster: BenchCluster, opts: SessionsOptions, say) -> dict[str, Any]:
     entry = cluster.add_node()
     ready = time.monotonic()
     node = entry["id"]
-    held = _wait(lambda: _records(cluster, node) >= opts.sessions, opts.timeout,
-                 f"{node} to hold every session")
-    denied = _wait(lambda: int((cluster.state(node).get("cluster_sessions") or {})
-                                .get("denied") or 0) >= opts.sessions, opts.timeout,
-                   f"{node} to deny every session held elsewhere")
+    held = wait_until(lambda: _records(cluster, node) >= opts.sessions, opts.timeout,
+                      f"{node} to hold every session")
+    denied = wait_until(lambda: int((cluster.state(node).get("cluster_sessions") or {})
+                                     .get("denied") or 0) >= opts.sessions, opts.timeout,
+                        f"{node} to deny every session held elsewhere")
     return {"node": node, "add_node_s": round(ready - start, 2),
             "records_after_ready_s": round(held - ready, 2),
             "serving_after_ready_s": round(denied - ready, 2)}

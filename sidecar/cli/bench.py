@@ -12,10 +12,11 @@ from pathlib import Path
 from sidecar.bench import payload
 from sidecar.bench.drain import DrainOptions, render_drain, run_drain
 from sidecar.bench.run import BRIDGE_OFFSET, BenchOptions, run
-from sidecar.bench.scale import ScaleOptions, render_scale, run_scale
+from sidecar.bench.scale import PHASES, ScaleOptions, render_scale, run_scale
 from sidecar.bench.sessions import SessionsOptions, render_sessions, run_sessions
 from sidecar.bench.table import render
 from sidecar.cli.progress import Progress, elapsed_since
+from sidecar.devcluster.layout import MAX_NODES
 
 DEFAULT_BASE_PORT = 22883
 DEFAULT_RUN_DIR = Path("run/bench")
@@ -55,6 +56,25 @@ def _cases(text: str) -> str:
     return "".join(sorted(text))
 
 
+def _phases(text: str) -> tuple[str, ...]:
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = set(wanted) - set(PHASES)
+    if not wanted or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(PHASES)}, got {text!r}")
+    return tuple(p for p in PHASES if p in wanted)
+
+
+def _node_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(not 2 <= n <= MAX_NODES - 1 for n in counts):
+        raise argparse.ArgumentTypeError(
+            f"expected cluster sizes from 2 to {MAX_NODES - 1}, e.g. 3,5,9, got {text!r}")
+    return counts
+
+
 def add_command(sub: argparse._SubParsersAction) -> None:
     """Register `mqfed bench` on the `mqfed` parser."""
     p = sub.add_parser(
@@ -92,10 +112,14 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="write trace records (docs/traces.md) into DIR, for `mqfed audit`")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     scale = p.add_argument_group(
-        "--scale", "Instead: the control plane on a 3-node cluster. FILTERS distinct filters "
-        "subscribed on n1 (time until every peer routes them, CPU and memory per 10,000), "
-        "subscription churn across the nodes (interest lag p50/p99), then a joining node "
-        "(time until it routes everything). Uses --run-dir and --base-port.")
+        "--scale", "Instead: the control plane on a 3-node cluster (or one cluster per size in "
+        "--nodes). Phases: bulk (FILTERS distinct filters subscribed on n1: time until every "
+        "peer routes them, CPU and memory per 10,000), churn (subscription churn across the "
+        "nodes: interest lag p50/p99), clients (CLIENTS clients through the HAProxy front, a "
+        "topic each, one publish to every topic: all reached, times, memory per client), "
+        "fanout (subscribers spread over the nodes on one topic: arrival p50/p99, peer-stream "
+        "bytes per publish), join (a joining node: time until it routes everything). Uses "
+        "--run-dir and --base-port.")
     scale.add_argument("--scale", action="store_true", help="run the scale benchmark")
     scale.add_argument("--filters", type=_positive_int, default=100_000,
                        help="filters subscribed on n1 (default: 100000)")
@@ -104,6 +128,18 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                        "(default: 2000)")
     scale.add_argument("--churn-seconds", type=_non_negative, default=60.0,
                        help="how long the churn runs; 0 skips it (default: 60)")
+    scale.add_argument("--phases", type=_phases, default=PHASES,
+                       help=f"which phases, comma-separated (default: {','.join(PHASES)}); "
+                       "they run in that order")
+    scale.add_argument("--nodes", type=_node_counts, default=(3,), metavar="N[,N...]",
+                       help="cluster sizes, e.g. 3,5,9: the phases on a fresh cluster of "
+                       "each size in RUN_DIR/<N>-nodes, then a table (default: 3)")
+    scale.add_argument("--clients", type=_positive_int, default=10_000,
+                       help="clients of the clients phase (default: 10000)")
+    scale.add_argument("--fanout", type=_positive_int, default=1000,
+                       help="subscribers of the fanout phase (default: 1000)")
+    scale.add_argument("--fanout-publishes", type=_positive_int, default=10,
+                       help="publishes of the fanout phase, one after another (default: 10)")
     sess = p.add_argument_group(
         "--sessions", "Instead: persistent sessions on a 3-node cluster. N sessions made over "
         "the nodes (time until every node holds them, memory per session), MOVES of them "
@@ -168,7 +204,9 @@ def _report(args: argparse.Namespace, run_it: Callable[..., dict], opts: object,
 def cmd_scale(args: argparse.Namespace) -> int:
     return _report(args, run_scale, ScaleOptions(
         run_dir=args.run_dir.resolve(), base_port=args.base_port, filters=args.filters,
-        churn_rate=args.churn_rate, churn_seconds=args.churn_seconds), render_scale)
+        churn_rate=args.churn_rate, churn_seconds=args.churn_seconds, phases=args.phases,
+        node_counts=args.nodes, clients=args.clients, fanout=args.fanout,
+        fanout_publishes=args.fanout_publishes), render_scale)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:

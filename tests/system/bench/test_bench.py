@@ -22,12 +22,12 @@ from sidecar.procinfo import pid_alive
 from tests.system.cluster.conftest import PLUGIN, cleanup, logs_of, mqfed
 
 
-def _base_port() -> int:
-    """A base port whose cluster (2 nodes) and bridge ports are all free."""
+def _base_port(nodes: int = 2) -> int:
+    """A base port whose cluster (`nodes` nodes) and bridge ports are all free."""
     for _ in range(200):
         base = random.randrange(20000, 32000 - 404)
         ports = [base, base + 400, base + 401, base + 402, base + 403]
-        ports += [base + off + i for off in (0, 100, 200, 300) for i in (1, 2)]
+        ports += [base + off + i for off in (0, 100, 200, 300) for i in range(1, nodes + 1)]
         if all(port_free(p) for p in ports):
             return base
     raise RuntimeError("no free port range found")
@@ -99,11 +99,14 @@ def test_scale_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -
     if not PLUGIN.exists():
         pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
     result = mqfed("bench", "--scale", "--filters", "3000", "--churn-rate", "300",
-                   "--churn-seconds", "2", "--json", "--run-dir", str(bench_dir / "cluster"),
-                   "--base-port", str(_base_port()), timeout=300)
+                   "--churn-seconds", "2", "--clients", "50", "--fanout", "20",
+                   "--fanout-publishes", "3", "--json", "--run-dir", str(bench_dir / "cluster"),
+                   "--base-port", str(_base_port(nodes=4)), timeout=300)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
     report = json.loads(result.stdout.strip().splitlines()[-1])
     bulk, churn, join = report["bulk"], report["churn"], report["join"]
+    _assert_clients_reached(report["clients"], 50, ["n1", "n2", "n3"])
+    _assert_fanout_reached(report["fanout"], 20, 3, ["n1", "n2", "n3"])
     assert bulk["filters"] == 3000 and bulk["refused"] == 0
     assert 0 < bulk["subacked_s"] <= bulk["routed_s"]
     assert set(bulk["per_10k_filters"]) == {f"n{i} {p}" for i in (1, 2, 3)
@@ -112,6 +115,49 @@ def test_scale_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -
     assert 0 <= churn["lag_p50_ms"] <= churn["lag_p99_ms"]
     assert join["node"] == "n4" and join["forwarding_subscriptions"] >= 3000
     assert 0 <= join["known_after_ready_s"] <= join["routed_after_ready_s"]  # (then SUBACKed)
+    assert not find(str(bench_dir)), "bench left processes of its run dir running"
+
+
+def _assert_clients_reached(clients: dict, count: int, nodes: list[str]) -> None:
+    assert clients["clients"] == count and clients["via_front"] == count, clients
+    assert clients["connect_errors"] == 0, clients["errors_shown"]
+    assert (clients["reached"], clients["missing"]) == (count, 0), clients["missing_shown"]
+    assert sum(clients["on_node"].values()) == count and set(clients["on_node"]) == set(nodes)
+    assert all(v > 0 for v in clients["on_node"].values()), clients["on_node"]  # spread
+    assert 0 < clients["connacked_s"] <= clients["subacked_s"]
+    assert clients["delivered_s"] > 0
+    assert set(clients["bytes_per_client"]) == {f"{n} {p}" for n in nodes
+                                                for p in ("sidecar", "mosquitto")}
+
+
+def _assert_fanout_reached(fanout: dict, count: int, publishes: int, nodes: list[str]) -> None:
+    assert (fanout["reached"], fanout["missing"]) == (count, 0), fanout["missing_shown"]
+    assert fanout["connect_errors"] == 0 and fanout["publishes"] == publishes
+    assert set(fanout["on_node"]) == set(nodes) and sum(fanout["on_node"].values()) == count
+    assert 0 < fanout["p50_ms"] <= fanout["p99_ms"] <= fanout["max_ms"]
+    # the message crosses to each other node once, not once per subscriber there (>= 4)
+    assert fanout["n1_messages_per_publish_per_peer"] == {n: 1.0 for n in nodes[1:]}, fanout
+    per_peer = fanout["n1_bytes_per_publish_per_peer"]
+    assert all(v >= fanout["payload_bytes"] for v in per_peer.values()), per_peer
+
+
+def test_scale_bench_series_runs_the_client_phases_per_cluster_size(bench_dir: Path) -> None:
+    """`--scale --nodes 2,3 --phases clients,fanout`: a fresh cluster of each size, every
+    client and subscriber reached on each, a table at the end."""
+    if not PLUGIN.exists():
+        pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
+    args = ["bench", "--scale", "--nodes", "2,3", "--phases", "clients,fanout", "--clients",
+            "40", "--fanout", "12", "--fanout-publishes", "2", "--run-dir",
+            str(bench_dir / "series"), "--base-port", str(_base_port(nodes=3))]
+    result = mqfed(*args, "--json", timeout=180)
+    assert result.returncode == 0, result.stderr + logs_of(bench_dir / "series" / "2-nodes")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["nodes"] for r in report["series"]] == [2, 3]
+    for run in report["series"]:
+        nodes = [f"n{i}" for i in range(1, run["nodes"] + 1)]
+        assert set(run) == {"kind", "nodes", "clients", "fanout"}, run.keys()
+        _assert_clients_reached(run["clients"], 40, nodes)
+        _assert_fanout_reached(run["fanout"], 12, 2, nodes)
     assert not find(str(bench_dir)), "bench left processes of its run dir running"
 
 
