@@ -169,7 +169,8 @@ def test_sessions_bench_reports_every_phase_and_stops_everything(bench_dir: Path
     result = mqfed("bench", "--sessions", "60", "--moves", "9", "--messages", "500",
                    "--queue", "700", "--json",
                    "--run-dir",
-                   str(bench_dir / "cluster"), "--base-port", str(_base_port()), timeout=300)
+                   str(bench_dir / "cluster"), "--base-port", str(_base_port(nodes=4)),
+                   timeout=300)  # (3 nodes, then one added)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
     report = json.loads(result.stdout.strip().splitlines()[-1])
     make, handover, join = report["make"], report["handover"], report["join"]
@@ -195,7 +196,7 @@ def test_drain_bench_reports_every_phase_and_stops_everything(bench_dir: Path) -
         pytest.skip(f"plugin not built at {PLUGIN}: run `make install`")
     result = mqfed("bench", "--drain", "--drain-clients", "40", "--drain-persistent", "8",
                    "--json", "--run-dir", str(bench_dir / "cluster"), "--base-port",
-                   str(_base_port()), timeout=300)
+                   str(_base_port(nodes=3)), timeout=300)
     assert result.returncode == 0, result.stderr + logs_of(bench_dir / "cluster")
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert (report["clients"], report["persistent"]) == (40, 8)
