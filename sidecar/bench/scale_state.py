@@ -97,12 +97,7 @@ def steady_keys(cluster: BenchCluster, nodes: list[str], timeout: float,
 
 def front_info(cluster: BenchCluster) -> dict[str, str]:
     """HAProxy's `show info` of the cluster's front (Maxconn, Ulimit-n, ...)."""
-    lay = Layout(cluster.base_port, cluster.run_dir)
-    out = {}
-    for line in haproxy.command(lay, "show info").splitlines():
-        key, _, value = line.partition(":")
-        out[key.strip()] = value.strip()
-    return out
+    return haproxy.info(Layout(cluster.base_port, cluster.run_dir))
 
 
 def front_sessions(cluster: BenchCluster) -> dict[str, int]:

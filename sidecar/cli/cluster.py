@@ -11,7 +11,7 @@ from typing import Any
 
 from sidecar.cli.progress import Progress
 from sidecar.config import NODE_ID_RE
-from sidecar.devcluster import launcher, rolling
+from sidecar.devcluster import haproxy, launcher, rolling
 from sidecar.devcluster.layout import (
     DEFAULT_BASE_PORT,
     DEFAULT_CLUSTER,
@@ -145,8 +145,11 @@ def _first_host(state: ClusterState) -> str:
 def _describe(state: ClusterState) -> str:
     lay = state.layout
     front, run_dir = lay.front_port, lay.run_dir
+    limit = haproxy.connection_limit(lay)
     lines = [f"mqfed cluster '{state.cluster}' (run dir {run_dir})",
-             f"  front (HAProxy, round robin)  {addr(front)}",
+             f"  front (HAProxy, round robin)  {addr(front)}"
+             + (f"  (at most {limit:,} connections: HAProxy's maxconn, from its open-files"
+                " limit)" if limit else ""),
              f"  etcd                          {addr(lay.etcd_client_port)}  (user mqfed,"
              f" password in {lay.etcd_password_path}; root's in"
              f" {lay.etcd_root_password_path.name})"]

@@ -95,6 +95,25 @@ def command(layout: Layout, line: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode(errors="replace").strip()
 
 
+def info(layout: Layout, timeout: float = 5.0) -> dict[str, str]:
+    """HAProxy's `show info` (Maxconn, Ulimit-n, CurrConns, ...) as a dict."""
+    out = {}
+    for line in command(layout, "show info", timeout).splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def connection_limit(layout: Layout) -> int | None:
+    """How many connections the front accepts (HAProxy derives its maxconn from its
+    open-files limit when its config sets none, as ours does); None if it cannot be asked."""
+    try:
+        value = info(layout, timeout=1.0).get("Maxconn", "")
+    except OSError:
+        return None
+    return int(value) if value.isdigit() else None
+
+
 def add_server(layout: Layout, name: str, port: int, check_port: int, host: str = HOST) -> None:
     """Add a node to the running HAProxy (dynamic server, health check on) and to its config."""
     answer = command(layout, f"add server {BACKEND}/{name} {host}:{port} {_check(check_port)}")

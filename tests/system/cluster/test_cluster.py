@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -236,6 +237,8 @@ def test_foreground_up_stops_on_sigint(run_dir: Path, procs, needs_nodes: None) 
                               "--run-dir", str(run_dir)])
     _wait_for_hint(proc, base)
     assert f"127.0.0.1:{base + 1}" in proc.log_text()  # the node's own MQTT address
+    assert re.search(r"front .*at most [\d,]+ connections", proc.log_text()), \
+        "the front's connection limit"  # (HAProxy's maxconn: ~half the open-files limit)
     assert f"status page (live, the whole cluster): http://127.0.0.1:{base + 301}/" \
         in proc.log_text()  # what `make demo` prints (issue 22)
     refs = recorded_refs(run_dir)
