@@ -11,6 +11,7 @@ import contextlib
 import socket
 import time
 
+from sidecar.bench.wire import remaining_length
 from sidecar.broker.conf import DEFAULT_MESSAGE_SIZE_LIMIT, max_packet_size_for
 from tests.harness.procs import wait_for
 from tests.system.node.conftest import node_config, pair_static
@@ -23,15 +24,6 @@ LIMIT = 1000
 NOT_AUTHORIZED = 0x87
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def raw_oversize_publish(port: int, size: int, retain: bool) -> bytes:
     """Over a plain socket (MQTT v5): CONNECT, then the start of a QoS 1 PUBLISH announcing
     `size` bytes of payload; returns what the broker sends back after its CONNACK."""
@@ -41,11 +33,11 @@ def raw_oversize_publish(port: int, size: int, retain: bool) -> bytes:
     topic = b"big/huge"
     head = len(topic).to_bytes(2, "big") + topic + b"\x00\x01\x00"  # mid 1, no properties
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"\x10" + _varint(len(connect)) + connect)
+        sock.sendall(b"\x10" + remaining_length(len(connect)) + connect)
         header = sock.recv(2)  # CONNACK, with its properties (remaining length < 128)
         connack = sock.recv(header[1], socket.MSG_WAITALL)
         assert header[:1] == b"\x20" and connack[1:2] == b"\x00", (header, connack)
-        sock.sendall(bytes([0x32 | retain]) + _varint(len(head) + size) + head)
+        sock.sendall(bytes([0x32 | retain]) + remaining_length(len(head) + size) + head)
         with contextlib.suppress(OSError):
             sock.sendall(b"\0" * (1 << 16))
         answer = b""
