@@ -79,6 +79,7 @@ class BatchInjection:
 
     def _pump(self, probe: bool = False) -> None:
         pending = self._pending
+        carried: bytes | None = None  # pending[0]'s record, made for a batch it did not fit
         while pending:
             room = 1 if probe else self.room.room()
             if room < 1:
@@ -94,9 +95,12 @@ class BatchInjection:
             limit = min(room, MAX_BATCH_RECORDS)
             while pending and len(chunk) < limit:
                 env = pending[0][1]
-                rec = encode_record(Record(env.topic, env.payload, env.qos, seq=env.origin_seq,
-                                           hlc=env.hlc, properties=env.properties))
+                rec = carried or encode_record(Record(env.topic, env.payload, env.qos,
+                                                      seq=env.origin_seq, hlc=env.hlc,
+                                                      properties=env.properties))
+                carried = None
                 if chunk and size + len(rec) > MAX_BATCH_BYTES:
+                    carried = rec
                     break
                 chunk.append(pending.popleft())
                 records.append(rec)

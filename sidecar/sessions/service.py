@@ -149,7 +149,6 @@ class SessionService:
                                         grace_ms=int(down_grace * 1000),
                                         started_ms=_wall_ms())
         self._up: set[str] = set()
-        self._ordered: set[str] = set()  # peers up with `session-order`
         for record in self.store.load():
             self.registry.records[record.client] = record
         self.shadows = Shadows(socket_path, secret, self._deliver_marker)
@@ -256,11 +255,8 @@ class SessionService:
         for data in wire.records_frames(self.registry.snapshot(), snapshot=True):
             self._send(peer, data)
         self._up.add(peer)
-        if SESSION_ORDER in (self.transport.capabilities(peer) or ()):
-            self._ordered.add(peer)
-        else:
-            self._ordered.discard(peer)
-        self._run(self.registry.on_peers(self._up, _wall_ms(), self._ordered))
+        ordered = {p for p in self._up if SESSION_ORDER in (self.transport.capabilities(p) or ())}
+        self._run(self.registry.on_peers(self._up, _wall_ms(), ordered))
 
     def on_peer_down(self, peer: str) -> None:
         """`peer`'s stream went down (or it left): replicas of its sessions may take over."""
