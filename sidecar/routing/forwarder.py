@@ -33,6 +33,8 @@ class LocalCopy:
     retain: bool
     properties: MessageProperties = MessageProperties()
     subscription_ids: tuple[int, ...] = ()
+    publisher: str = ""
+    """Its publisher's client id where the plugin names it (a captured record); "": unknown."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class Envelope:
     shared_filter: str = ""
     subscription_ids: tuple[int, ...] = ()
     """A session backlog's copy only: the Subscription Identifiers it was queued with."""
+    publisher: str = ""
+    """The publisher's client id, where the origin knows it ("": unknown): No Local."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,8 @@ class Forwarder:
         hlc = self.clock.now(wall_ms).pack()
         for peer, group, shared_filter in targets:
             env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
-                           copy.qos, copy.retain, copy.properties, group, shared_filter)
+                           copy.qos, copy.retain, copy.properties, group, shared_filter,
+                           publisher=copy.publisher)
             actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
         for key in local:  # as Mosquitto would have, had it picked a local member
             self.local_shared += 1

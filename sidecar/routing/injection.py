@@ -97,6 +97,7 @@ class BatchInjection:
                 env = pending[0][1]
                 rec = carried or encode_record(Record(env.topic, env.payload, env.qos,
                                                       seq=env.origin_seq, hlc=env.hlc,
+                                                      client=env.publisher,
                                                       properties=env.properties))
                 carried = None
                 if chunk and size + len(rec) > MAX_BATCH_BYTES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sidecar._proto import peer_pb2
 from sidecar.peering import envelopes as frames
+from sidecar.routing.forwarder import Envelope
 from sidecar.routing.local_interest import InterestDelta, InterestSnapshot
 from sidecar.routing.table import InterestKey
 
@@ -38,3 +39,12 @@ def test_delta_frames_match_protobuf_and_read_back():
         removed=_entries(delta.removed)))
     back = frames.delta_from(made.interest_delta)
     assert back == delta and back.since == SINCE
+
+
+def test_an_envelope_keeps_its_publisher_across_the_wire():
+    env = Envelope("n1", 3, 9, 1 << 16, "t/a", b"x", 1, publisher="dev-7")
+    back = frames.decode_envelope(peer_pb2.Envelope.FromString(frames.encode_envelope(env)))
+    assert back == env
+    old = Envelope("n1", 3, 9, 1 << 16, "t/a", b"x", 1)
+    assert frames.decode_envelope(peer_pb2.Envelope.FromString(
+        frames.encode_envelope(old))).publisher == ""

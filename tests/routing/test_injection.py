@@ -4,6 +4,7 @@ confirmed on the plugin's reply (QoS > 0 only), refused or unanswered batches ha
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -137,3 +138,15 @@ def test_a_queue_that_never_shrinks_lifts_the_bound(monkeypatch):
     assert room.answered(0, 595, now=3.0 + GIVE_UP_AFTER) and room.room() == float("inf")
     assert not room.answered(0, 10, now=20.0) and room.room() == 490
     assert QueueRoom(0).room() == float("inf")    # max_queued_messages 0: no bound
+
+
+def test_a_record_names_the_messages_publisher_where_the_origin_knew_it():
+    """The receiving plugin keeps a client's own message from its No Local subscriptions by
+    the record's client id (issue 17)."""
+    async def main():
+        fake = FakeInjector()
+        inj = BatchInjection(fake, [].extend, [].extend)
+        inj.send([(inj.ticket(), replace(env(1), publisher="dev-7")), (inj.ticket(), env(2))])
+        (_, data, _), = fake.sent
+        return [r.client for r in decode_batch(data)[1]]
+    assert run(main()) == ["dev-7", ""]

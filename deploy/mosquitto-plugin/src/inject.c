@@ -32,6 +32,8 @@ struct prepared {
 	uint8_t qos;
 	bool retain;
 	mosquitto_property *props;
+	const char *publisher;           /* in the batch (not NUL-terminated); No Local (origin.c) */
+	uint16_t publisher_len;
 };
 
 static uint64_t n_batches, n_messages, n_refused;
@@ -155,6 +157,8 @@ static const char *prepare(const struct mqfb_record *r, struct prepared *m)
 	m->payload_len = r->payload_len;
 	m->qos = r->qos;
 	m->retain = r->retain;
+	m->publisher = r->client;
+	m->publisher_len = r->client_len;
 	return mqfb_props(r, &m->props);
 }
 
@@ -194,7 +198,8 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		return;
 	}
 	for(i = 0; i < n; i++){
-		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props);
+		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props,
+				m[i].publisher, m[i].publisher_len);
 		rc = mosquitto_broker_publish_copy(NULL, m[i].topic, (int)m[i].payload_len,
 				m[i].payload, m[i].qos, m[i].retain, m[i].props);
 		if(rc != MOSQ_ERR_SUCCESS){

@@ -179,6 +179,25 @@ void model_count_matches(struct client *c, const char *topic, unsigned *plain, u
 	match_subs(c, topic, plain, shared, NULL);
 }
 
+/* Whether the client has at least one plain subscription matching the topic and every one of
+ * them has No Local (MQTT v5): its own message then goes to none of them. */
+bool model_plain_matches_all_no_local(struct client *c, const char *topic)
+{
+	struct sub *s, *tmp;
+	bool match, any = false;
+
+	HASH_ITER(hh, c->subs, s, tmp){
+		if(strncmp(s->filter, "$share/", 7) == 0) continue;
+		match = false;
+		if(mosquitto_topic_matches_sub(s->filter, topic, &match) != MOSQ_ERR_SUCCESS || !match){
+			continue;
+		}
+		if(!(s->options & SUBOPT_NO_LOCAL)) return false;
+		any = true;
+	}
+	return any;
+}
+
 /* Whether exactly one subscription of the client matches the topic and it is a plain one; if
  * so, its granted QoS and subscription identifier (0: none). */
 bool model_single_plain_match(struct client *c, const char *topic, uint8_t *qos,

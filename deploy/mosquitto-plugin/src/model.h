@@ -34,6 +34,8 @@ uint32_t model_sub_identifier(struct client *c, const char *filter);
 void model_sub_options(struct client *c, const char *filter, uint8_t options, uint32_t sub_id);
 unsigned model_client_shared(const struct client *c);
 void model_count_matches(struct client *c, const char *topic, unsigned *plain, unsigned *shared);
+#define SUBOPT_NO_LOCAL 0x04u /* in a subscription's options (model_sub_options) */
+bool model_plain_matches_all_no_local(struct client *c, const char *topic);
 bool model_single_plain_match(struct client *c, const char *topic, uint8_t *qos,
 		uint32_t *sub_id);
 struct client_run *model_client_run(struct client *c);

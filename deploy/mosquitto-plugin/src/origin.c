@@ -129,6 +129,8 @@ struct inj_fp {
 	uint32_t len;
 	uint8_t qos;
 	mosquitto_property *props;   /* a copy, while a ring hold exists (origin_routed_props) */
+	uint64_t publisher;          /* hash of its publisher's client id; 0: none named */
+	uint16_t publisher_len;
 };
 static struct inj_fp *inj;
 static size_t inj_n, inj_cap, inj_head;
@@ -137,6 +139,7 @@ static bool inj_cur_set;          /* inj_cur_*: the store of the injected messag
 static const char *inj_cur_topic;
 static const void *inj_cur_payload;
 static bool last_injected;        /* the last READ check was of an injected message */
+static uint64_t no_local_denied;
 
 static void inj_clear(void)
 {
@@ -199,6 +202,7 @@ void origin_stats(struct origin_stats *s)
 	s->denied = fwd_denied;
 	s->tracked = HASH_COUNT(fwd_q2);
 	s->forgotten = fwd_q2_evicted;
+	s->no_local = no_local_denied;
 }
 
 /* Any plugin callback other than a READ check: no routing of an earlier message is running. */
@@ -335,7 +339,7 @@ const mosquitto_property *origin_routed_props(const char *topic, const void *pay
 }
 
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
-		const mosquitto_property *props)
+		const mosquitto_property *props, const char *publisher, uint16_t publisher_len)
 {
 	struct inj_fp *grown;
 
@@ -349,6 +353,8 @@ void origin_injected(const char *topic, const void *payload, uint32_t payloadlen
 	inj[inj_n].len = payloadlen;
 	inj[inj_n].qos = qos;
 	inj[inj_n].props = NULL;
+	inj[inj_n].publisher_len = publisher_len;
+	inj[inj_n].publisher = publisher_len ? hash_bytes(hash_seed, publisher, publisher_len) : 0;
 	/* a replica's ring keeps the properties of what it refuses (hold.c); on failure it keeps
 	 * the message without them */
 	if(props && keep_props
@@ -386,6 +392,27 @@ static bool injected_routing(const char *topic, const void *payload, uint32_t le
 	return true;
 }
 
+/* Whether the injected message being routed (inj[inj_head - 1]) was published by `client`
+ * on its node, and every plain subscription of `client` it matches has No Local: Mosquitto
+ * routes it with no client, so its own No Local cannot apply (a session's copy or replica
+ * here gets the client's own messages from where it is connected now). With plain
+ * subscriptions without No Local too, the check cannot tell which one it is for: allowed. */
+static bool own_message(struct mosquitto *client, const char *topic)
+{
+	const struct inj_fp *e = &inj[inj_head - 1];
+	const char *id;
+	struct client *c;
+	size_t len;
+
+	if(e->publisher_len == 0) return false;
+	id = mosquitto_client_id(client);
+	if(id == NULL) return false;
+	len = strlen(id);
+	if(len != e->publisher_len || hash_bytes(hash_seed, id, len) != e->publisher) return false;
+	c = model_find(id);
+	return c != NULL && model_plain_matches_all_no_local(c, topic);
+}
+
 bool origin_read_denied(struct mosquitto *client, const char *topic, const void *payload,
 		uint32_t payloadlen, uint8_t qos, bool retain, bool shared_check)
 {
@@ -400,7 +427,11 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 		last_injected = true;
 		/* routed with no client, so No Local cannot keep it from the forwarding connections
 		 * (a loop): refused there, and to shared subscriptions, like .fwd's re-injections */
-		if(!sidecar_is_fwd(client) && !shared_check) return false;
+		if(!sidecar_is_fwd(client) && !shared_check){
+			if(!own_message(client, topic)) return false;
+			no_local_denied++;
+			return true;
+		}
 		fwd_denied++;
 		return true;
 	}
@@ -467,7 +498,7 @@ void origin_cleanup(void)
 		free(e);
 	}
 	mosquitto_property_free_all(&fwd_cur.props);
-	fwd_q2_max = hash_seed = run_seq = fwd_denied = fwd_q2_evicted = 0;
+	fwd_q2_max = hash_seed = run_seq = fwd_denied = fwd_q2_evicted = no_local_denied = 0;
 	fwd_cur_set = false;
 	keep_props = false;
 	memset(&fwd_cur, 0, sizeof(fwd_cur));

@@ -8,6 +8,7 @@ struct origin_stats {
 	uint64_t denied;           /* deliveries to shared subscriptions refused */
 	unsigned tracked;          /* QoS 2 messages awaiting their PUBREL */
 	uint64_t forgotten;        /* entries forgotten before their routing */
+	uint64_t no_local;         /* injected messages kept from their publisher's No Local subs */
 };
 
 void origin_init(uint64_t q2_max, uint64_t hash_seed);
@@ -24,7 +25,7 @@ void origin_fwd_auth(struct mosquitto *client);
 void origin_fwd_disconnect(struct mosquitto *client);
 void origin_tick(void);
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
-		const mosquitto_property *props);
+		const mosquitto_property *props, const char *publisher, uint16_t publisher_len);
 bool origin_read_injected(void);
 void origin_stats(struct origin_stats *s);
 void origin_cleanup(void);

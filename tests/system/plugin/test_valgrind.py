@@ -224,6 +224,9 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
             topic=INJECT_TOPIC)
     sc.send(b"MQFB\x01", topic=INJECT_TOPIC)
     assert sc.call("stats", timeout=20)["inject_refused"] == 2
+    # a record naming its publisher (No Local, origin.c): vg-both's subscription has none
+    sc.send(encode_batch(3, [Record("f/3", b"mine", 1, client="vg-both")]), topic=INJECT_TOPIC)
+    assert both.wait_messages(lambda m: m.topic == "f/3", timeout=20)
     assert not [m for m in member.messages if m.topic == "f/2"]
     assert [m.payload for m in shard.messages] == [b"ordinary"]
     shard.disconnect()  # its session stays
