@@ -35,6 +35,9 @@ class LocalCopy:
     subscription_ids: tuple[int, ...] = ()
     publisher: str = ""
     """Its publisher's client id where the plugin names it (a captured record); "": unknown."""
+    captured: bool = False
+    """Captured by the plugin (one record per message, plain subscriptions only), not a copy
+    Mosquitto queued for a forwarding subscription."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ class Forwarder:
         stores it on every node and so delivers it to their plain subscribers; only a shared
         group's delivery (Mosquitto picked this sidecar as the member) goes this way (the
         plugin keeps retained re-injections away from shared subscriptions)."""
-        decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
+        decision = (self.interest.captured_targets(copy.topic) if copy.captured else
+                    self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down))
         actions: list[ForwardAction] = []
         local = decision.unroutable  # Mosquitto picked us, no peer holds the group (any more)
         if decision.peers and not copy.retain and self.recent is not None:
