@@ -6,7 +6,11 @@ docs/plugin-protocol.md, "Batches". Little-endian framing:
     batch  = b"MQFB" u8 version u8 flags u16 count u64 batch-id, then `count` records
     record = u32 length (of what follows) u8 kind u8 flags (QoS bits 0-1, retain bit 2)
              u64 seq u64 hlc u16 topic_len topic u16 client_len client
-             u32 props_len props u32 payload_len payload
+             [u16 origin_len origin: with flag bit 3] u32 props_len props u32 payload_len payload
+
+A cut (kind 2, docs/architecture.md §5 "Exactly once across a move under traffic") names the
+session's client id as `client`, the node that cut as `origin`, the cut as `seq` and the
+move's generation as `hlc`; its topic, properties and payload are empty.
 
 `props` is the MQTT v5 property encoding (big-endian fields, one-byte identifiers) of what a
 PUBLISH may carry to a subscriber. The sidecar publishes a batch to `$CONTROL/mqfed/inject`;
@@ -25,6 +29,8 @@ INJECT_REPLY = "$SYS/broker/mqfed/replies/inject"
 MAGIC = b"MQFB"
 VERSION = 1
 KIND_MESSAGE = 1
+KIND_CUT = 2
+FLAG_ORIGIN = 0x08
 MAX_RECORDS = 65535
 
 _HEADER = struct.Struct("<4sBBHQ")
@@ -53,6 +59,15 @@ class Record(NamedTuple):
     client: str = ""
     properties: MessageProperties = NO_PROPERTIES
     kind: int = KIND_MESSAGE
+    origin: str = ""
+    """The node it was published on (with a cut: the node that cut); "": not said."""
+
+
+def cut_record(client: str, origin: str, seq: int, generation: int) -> Record:
+    """A session's cut: `origin`'s messages below `seq` go to `client`'s old copy, the rest to
+    its new one (the move `generation`)."""
+    return Record("", b"", 0, seq=seq, hlc=generation, client=client, kind=KIND_CUT,
+                  origin=origin)
 
 
 def _mqtt_str(data: bytes) -> bytes:
@@ -85,14 +100,15 @@ def encode_record(r: Record) -> bytes:
         raise BatchError(f"QoS {r.qos} is not 0, 1 or 2")
     if not 0 <= r.kind <= 255:
         raise BatchError(f"record kind {r.kind} is not a byte")
-    topic, client = r.topic.encode(), r.client.encode()
-    if len(topic) > 0xFFFF or len(client) > 0xFFFF:
-        raise BatchError("topic or client id longer than 65,535 bytes")
+    topic, client, origin = r.topic.encode(), r.client.encode(), r.origin.encode()
+    if len(topic) > 0xFFFF or len(client) > 0xFFFF or len(origin) > 0xFFFF:
+        raise BatchError("topic, client id or origin longer than 65,535 bytes")
     props = encode_properties(r.properties) if r.properties != NO_PROPERTIES else b""
     body = b"".join((
         _U16.pack(len(topic)), topic, _U16.pack(len(client)), client,
+        _U16.pack(len(origin)) + origin if origin else b"",
         _U32.pack(len(props)), props, _U32.pack(len(r.payload)), r.payload))
-    flags = r.qos | (4 if r.retain else 0)
+    flags = r.qos | (4 if r.retain else 0) | (FLAG_ORIGIN if origin else 0)
     return _FIXED.pack(18 + len(body), r.kind, flags, r.seq, r.hlc) + body
 
 
@@ -177,13 +193,17 @@ def decode_batch(data: bytes) -> tuple[int, list[Record]]:
         end = pos + 4 + length
         if end > len(data) or length < 30:
             raise BatchError(f"record {i}: length {length} does not fit")
-        if flags & ~7 or (flags & 3) == 3:
+        if flags & ~(7 | FLAG_ORIGIN) or (flags & 3) == 3:
             raise BatchError(f"record {i}: bad flags 0x{flags:02x}")
         p = pos + _FIXED.size
         raw, p = _take(data, p, end, 2, "topic length")
         topic, p = _take(data, p, end, _U16.unpack(raw)[0], "topic")
         raw, p = _take(data, p, end, 2, "client length")
         client, p = _take(data, p, end, _U16.unpack(raw)[0], "client id")
+        origin = b""
+        if flags & FLAG_ORIGIN:
+            raw, p = _take(data, p, end, 2, "origin length")
+            origin, p = _take(data, p, end, _U16.unpack(raw)[0], "origin")
         raw, p = _take(data, p, end, 4, "properties length")
         props, p = _take(data, p, end, _U32.unpack(raw)[0], "properties")
         raw, p = _take(data, p, end, 4, "payload length")
@@ -193,7 +213,7 @@ def decode_batch(data: bytes) -> tuple[int, list[Record]]:
         records.append(Record(
             _utf8(topic, "topic"), payload, flags & 3, bool(flags & 4), seq, hlc,
             _utf8(client, "client id"), decode_properties(props) if props else NO_PROPERTIES,
-            kind))
+            kind, _utf8(origin, "origin")))
         pos = end
     if pos != len(data):
         raise BatchError(f"{len(data) - pos} bytes after the last record")

@@ -12,6 +12,7 @@ from sidecar.local.batch import (
     NO_PROPERTIES,
     BatchError,
     Record,
+    cut_record,
     decode_batch,
     decode_properties,
     encode_batch,
@@ -35,7 +36,8 @@ props = st.builds(
 records = st.builds(
     Record, topic=text.filter(bool), payload=st.binary(max_size=64),
     qos=st.sampled_from([0, 1, 2]), retain=st.booleans(), seq=st.integers(0, 2**64 - 1),
-    hlc=st.integers(0, 2**64 - 1), client=text, properties=props, kind=st.just(1))
+    hlc=st.integers(0, 2**64 - 1), client=text, properties=props, kind=st.just(1),
+    origin=text)
 
 
 @given(st.integers(0, 2**64 - 1), st.lists(records, max_size=5))
@@ -72,7 +74,7 @@ def test_records_already_encoded_join_a_batch():
     (lambda d: d + b"x", "after the last record"),
     (lambda d: d[:6] + struct.pack("<H", 2) + d[8:], "shorter than a record header"),
     (lambda d: d[:21] + b"\x03" + d[22:], "bad flags"),
-    (lambda d: d[:21] + b"\x09" + d[22:], "bad flags"),
+    (lambda d: d[:21] + b"\x11" + d[22:], "bad flags"),
 ])
 def test_malformed_batches_are_refused(mutate, why):
     data = encode_batch(1, [Record("a/b", b"payload", 1)])
@@ -98,3 +100,14 @@ def test_bad_values_are_refused_when_encoding():
         encode_record(Record("t", b"", 3))
     with pytest.raises(BatchError, match="65,535"):
         encode_record(Record("t" * 70000, b"", 0))
+
+
+def test_a_record_may_name_its_origin_and_a_cut_is_a_record():
+    plain = encode_record(Record("t", b"p", 1))
+    named = encode_record(Record("t", b"p", 1, origin="n2"))
+    assert plain[5] == 1 and named[5] == 1 | 0x08   # flags: QoS 1, and the origin bit
+    assert len(named) == len(plain) + 2 + 2         # u16 length + "n2", after the client id
+    cut = cut_record("dev-1", "n3", 41, 7 << 16)
+    _, (back,) = decode_batch(encode_batch(1, [cut]))
+    assert back == cut and (back.kind, back.client, back.origin, back.seq, back.hlc) == (
+        2, "dev-1", "n3", 41, 7 << 16)

@@ -2,7 +2,7 @@
  *   batch  = "MQFB" u8 version u8 flags u16 count u64 batch-id, then `count` records
  *   record = u32 length (of what follows) u8 kind u8 flags (qos bits 0-1, retain bit 2)
  *            u64 seq u64 hlc u16 topic_len topic u16 client_len client
- *            u32 props_len props u32 payload_len payload
+ *            [u16 origin_len origin, with flag bit 3] u32 props_len props u32 payload_len payload
  * A record's fields must fill its length exactly. */
 #include <string.h>
 
@@ -53,6 +53,7 @@ const char *mqfb_next(struct mqfb_batch *b, struct mqfb_record *r)
 {
 	const uint8_t *p, *f;
 	uint32_t len, left;
+	uint8_t flags;
 
 	memset(r, 0, sizeof(*r));
 	if(b->count == 0) return b->left ? "trailing" : "count";
@@ -63,9 +64,10 @@ const char *mqfb_next(struct mqfb_batch *b, struct mqfb_record *r)
 	left = len;
 	if(left < REC_FIXED) return "short";
 	r->kind = p[0];
+	flags = p[1];
 	r->qos = p[1] & 3;
 	r->retain = (p[1] & 4) != 0;
-	if(p[1] & ~7u) return "flags";
+	if(p[1] & ~(7u | MQFB_FLAG_ORIGIN)) return "flags";
 	if(r->qos > 2) return "qos";
 	r->seq = le64(p + 2);
 	r->hlc = le64(p + 10);
@@ -82,6 +84,14 @@ const char *mqfb_next(struct mqfb_batch *b, struct mqfb_record *r)
 	left -= 2;
 	if((f = take(&p, &left, r->client_len)) == NULL) return "client";
 	r->client = (const char *)f;
+	if(flags & MQFB_FLAG_ORIGIN){
+		if(left < 2) return "short";
+		r->origin_len = le16(p);
+		p += 2;
+		left -= 2;
+		if((f = take(&p, &left, r->origin_len)) == NULL) return "origin";
+		r->origin = (const char *)f;
+	}
 	if(left < 4) return "short";
 	r->props_len = le32(p);
 	p += 4;

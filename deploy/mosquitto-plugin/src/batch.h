@@ -8,6 +8,8 @@
 #define MQFB_HEADER_LEN 16u          /* "MQFB", version, flags, u16 count, u64 batch */
 #define MQFB_VERSION 1u
 #define MQFB_KIND_MESSAGE 1u
+#define MQFB_KIND_CUT 2u                 /* a session's cut: client, origin, seq, generation */
+#define MQFB_FLAG_ORIGIN 0x08u           /* record flag: the origin node's id follows the client */
 
 struct mqfb_batch {
 	uint64_t id;                     /* the sender's batch number: the reply names it */
@@ -26,6 +28,8 @@ struct mqfb_record {
 	uint16_t topic_len;
 	const char *client;              /* the publisher's client id; may be empty */
 	uint16_t client_len;
+	const char *origin;              /* the node it was published on (flag 0x08); may be empty */
+	uint16_t origin_len;
 	const uint8_t *props;            /* MQTT v5 property encoding (big-endian fields) */
 	uint32_t props_len;
 	const uint8_t *payload;

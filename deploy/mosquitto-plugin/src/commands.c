@@ -1,4 +1,5 @@
 /* Commands from the sidecar on $CONTROL/mqfed/v1 and their replies; the deny list. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -486,14 +487,31 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	const cJSON *ring = cJSON_GetObjectItemCaseSensitive(req, "ring");
 	const cJSON *live = cJSON_GetObjectItemCaseSensitive(req, "live");
 	const cJSON *since = cJSON_GetObjectItemCaseSensitive(req, "since_ms");
+	const cJSON *old = cJSON_GetObjectItemCaseSensitive(req, "old");
+	const char *gen_text = get_str(req, "gen");
+	uint64_t gen = 0;
+	char *end = NULL;
 
+	if(gen_text){ /* a move's generation (cut mode, hold.c): a decimal u64, as a string */
+		errno = 0;
+		gen = strtoull(gen_text, &end, 10);
+		if(errno || end == gen_text || *end != '\0' || gen_text[0] == '-') gen_text = NULL;
+	}
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
-			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))){
+			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))
+			|| (old && !cJSON_IsBool(old))
+			|| (cJSON_GetObjectItemCaseSensitive(req, "gen") && gen_text == NULL)
+			|| (cJSON_IsTrue(old) && gen == 0)){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	if(cJSON_IsTrue(on)){
-		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live)) != 0){
+	if(cJSON_IsTrue(old)){
+		if(hold_old(client, gen) != 0){
+			reply_error(rq, "internal");
+			return;
+		}
+	}else if(cJSON_IsTrue(on)){
+		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live), gen) != 0){
 			reply_error(rq, "internal");
 			return;
 		}
@@ -680,6 +698,7 @@ static void cmd_stats(const struct request *rq)
 	struct inject_stats ij;
 	struct shed_stats sh;
 	uint64_t held, ring_messages, ring_bytes, replayed;
+	uint64_t cut_applied, cut_ignored, cut_refused, cut_skipped;
 
 	ev_stats(&ev);
 	origin_stats(&og);
@@ -712,6 +731,11 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "inject_messages", (double)ij.messages);
 		cJSON_AddNumberToObject(o, "inject_refused", (double)ij.refused);
 		cJSON_AddNumberToObject(o, "inject_no_local", (double)og.no_local);
+		hold_cut_stats(&cut_applied, &cut_ignored, &cut_refused, &cut_skipped);
+		cJSON_AddNumberToObject(o, "cuts_applied", (double)cut_applied);
+		cJSON_AddNumberToObject(o, "cuts_ignored", (double)cut_ignored);
+		cJSON_AddNumberToObject(o, "cut_refused", (double)cut_refused);
+		cJSON_AddNumberToObject(o, "cut_skipped", (double)cut_skipped);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);
 		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)og.forgotten);
 		cJSON_AddNumberToObject(o, "fwd_filters", sh.filters);

@@ -24,6 +24,19 @@
  *   subscription of the session is replayed at that subscription's QoS and with its
  *   Subscription Identifier, as Mosquitto would have queued it. With more than one matching
  *   subscription each refused copy keeps the publish QoS and no identifier.
+ * - Cut mode (a hold with a move's generation `gen`, docs/architecture.md §5 "Exactly once
+ *   across a move under traffic"): per origin node, a cut splits a moving session's messages
+ *   between its old copy (below the cut) and its new one (at or above it). Each node cuts its
+ *   own messages at a TICK, where the plugin delivers `.fwd` a probe `cut:<client>` that
+ *   follows every copy routed before and precedes every copy routed after; peers' cuts come
+ *   in batches (kind 2 records, hold_cut), in their stream's order.
+ *   - The new copy (a live hold): arms at the tick after its client's connect, with the
+ *     marker (before that tick its checks are refused and not kept: the old copy gets
+ *     those); its ring keeps each injected message's identity (origin, seq) and, released,
+ *     leaves out what an origin sent below its cut (the old copy had it) at QoS > 0 (an
+ *     offline session drops QoS 0, so the old copy never had those).
+ *   - The old copy (`old`): grants, but refuses an injected message at or above its
+ *     origin's cut; held with a generation, it is held at the next tick, with the marker.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +45,7 @@
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
+#include "sidecar.h"
 
 #define RING_MS 10000                      /* a ring keeps what it was refused this long */
 #define RING_BYTES_PER_HOLD (4u << 20)     /* and at most this many payload + topic bytes */
@@ -48,6 +62,13 @@ struct held_msg {
 	size_t props_bytes;
 	uint32_t len;
 	uint8_t qos;
+	uint64_t origin;           /* cut mode: an injected message's origin (hash), seq; 0: local */
+	uint64_t seq;
+};
+
+struct cut {
+	uint64_t origin;           /* origin_node_hash() of the node that cut */
+	uint64_t seq;              /* its messages below this went to the old copy */
 };
 
 struct hold {
@@ -63,6 +84,12 @@ struct hold {
 	struct held_msg *head, *tail;
 	size_t bytes;
 	unsigned count;
+	uint64_t gen;        /* cut mode: the move's generation; 0: none */
+	bool old;            /* cut mode: the old copy (grants below each origin's cut) */
+	bool arm_owed;       /* cut mode: arm, with the marker, at the next tick */
+	bool hold_owed;      /* cut mode: held (plain), with the marker, at the next tick */
+	struct cut *cuts;
+	unsigned ncuts;
 };
 
 static struct hold *holds;
@@ -72,6 +99,8 @@ static unsigned armed;           /* armed live holds */
 static unsigned lives;           /* live holds: a connected client's checks look only then */
 static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
 static uint64_t ring_bytes, ring_messages, replayed;
+static unsigned owed;            /* holds with an arm or a hold owed at the next tick */
+static uint64_t cut_refused, cut_skipped, cuts_applied, cuts_ignored;
 
 static struct hold *find(const char *id)
 {
@@ -110,9 +139,87 @@ static void remove_hold(struct hold *h)
 	if(h->ring && --rings == 0) origin_keep_props(false);
 	if(h->armed) armed--;
 	if(h->live) lives--;
+	if(h->arm_owed || h->hold_owed) owed--;
 	HASH_DEL(holds, h);
+	free(h->cuts);
 	free(h->id);
 	free(h);
+}
+
+static void set_owed(struct hold *h, bool *flag, bool on)
+{
+	bool before = h->arm_owed || h->hold_owed;
+
+	*flag = on;
+	if(before != (h->arm_owed || h->hold_owed)) before ? owed-- : owed++;
+}
+
+static void forget_cuts(struct hold *h, uint64_t gen)
+{
+	free(h->cuts);
+	h->cuts = NULL;
+	h->ncuts = 0;
+	h->gen = gen;
+}
+
+/* The cut of `origin` for this hold; false: none yet. */
+static bool cut_of(const struct hold *h, uint64_t origin, uint64_t *seq)
+{
+	unsigned i;
+
+	for(i = 0; i < h->ncuts; i++){
+		if(h->cuts[i].origin == origin){
+			*seq = h->cuts[i].seq;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* An origin's cut for `id`'s move `gen` (a kind 2 record of a batch). A cut for another move,
+ * or for a client held here in no cut mode, is ignored (counted). */
+void hold_cut(const char *id, uint64_t gen, uint64_t origin, uint64_t seq)
+{
+	struct hold *h = find(id);
+	struct cut *grown;
+	unsigned i;
+
+	if(h == NULL || h->gen == 0 || h->gen != gen || origin == 0){
+		cuts_ignored++;
+		return;
+	}
+	for(i = 0; i < h->ncuts; i++){
+		if(h->cuts[i].origin == origin){
+			h->cuts[i].seq = seq;
+			cuts_applied++;
+			return;
+		}
+	}
+	grown = realloc(h->cuts, (h->ncuts + 1) * sizeof(*grown));
+	if(grown == NULL){ /* without it: the new copy delivers it all (duplicates, no loss) */
+		cuts_ignored++;
+		return;
+	}
+	h->cuts = grown;
+	h->cuts[h->ncuts].origin = origin;
+	h->cuts[h->ncuts].seq = seq;
+	h->ncuts++;
+	cuts_applied++;
+}
+
+/* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
+ * it there, every copy routed after it behind (delivered at the top of the next iteration). */
+static void send_marker(const struct hold *h)
+{
+	size_t n = strlen(h->id);
+	char *payload = malloc(n + 4);
+
+	if(payload == NULL) return;
+	memcpy(payload, "cut:", 4);
+	memcpy(payload + 4, h->id, n);
+	mosquitto_broker_publish_copy(sidecar_fwd_id(), CUT_PROBE_TOPIC, (int)(n + 4), payload, 1,
+			false, NULL);
+	free(payload);
 }
 
 static void release_at_tick(struct hold *h, int64_t since_ms, bool keep)
@@ -136,9 +243,13 @@ static void set_armed(struct hold *h, bool on)
 
 /* Hold `id`'s session (a ring hold keeps what it refuses; a live one, see above).
  * 0, or -1: out of memory. */
-int hold_set(const char *id, bool ring, bool live)
+int hold_set(const char *id, bool ring, bool live, uint64_t gen)
 {
 	struct hold *h = find(id);
+	/* its client moves on before its live ring was released: that ring, filtered by this
+	 * move's cuts, goes into the session (the onward move is not in cut mode) */
+	bool chained = h != NULL && h->armed && !live;
+	bool cut_hold = gen != 0 && !ring && !live && !chained;
 
 	if(h == NULL){
 		h = calloc(1, sizeof(*h));
@@ -164,8 +275,41 @@ int hold_set(const char *id, bool ring, bool live)
 	if(!live) set_armed(h, false);
 	if(live != h->live) live ? lives++ : lives--;
 	h->live = live;
+	if(gen != h->gen && !chained) forget_cuts(h, gen); /* another move: cuts start afresh */
+	if(!live) set_owed(h, &h->arm_owed, false);
+	/* the old copy of a move is held at the next tick, with its cut: until then it is old */
+	h->old = cut_hold;
+	set_owed(h, &h->hold_owed, cut_hold);
 	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
 	return 0;
+}
+
+/* The old copy of a moving session (cut mode): it still queues, but refuses what an origin
+ * sent at or above its cut. 0, or -1: out of memory. */
+int hold_old(const char *id, uint64_t gen)
+{
+	struct hold *h = find(id);
+
+	if(h != NULL && !h->old) return 0; /* held already (or a replica, or arriving) */
+	if(h == NULL){
+		if(hold_set(id, false, false, gen) != 0) return -1;
+		h = find(id);
+	}else if(h->gen != gen){
+		forget_cuts(h, gen);
+	}
+	set_owed(h, &h->hold_owed, false);
+	h->old = true;
+	return 0;
+}
+
+/* A client connected here: the live hold of a move in cut mode arms at the next tick. */
+void hold_on_connect(const char *id)
+{
+	struct hold *h;
+
+	if(lives == 0) return;
+	h = find(id);
+	if(h && h->live && h->gen && !h->armed) set_owed(h, &h->arm_owed, true);
 }
 
 /* What the ring keeps of a refused message besides topic and payload: its QoS and properties
@@ -239,11 +383,28 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	struct held_msg *m;
 	int64_t now;
 	bool live;
+	uint64_t origin = 0, seq = 0, cut;
 
 	if(online && lives == 0) return false; /* (no lookup) */
 	h = find(id);
 	if(h == NULL) return false;
-	if(online && h->live) set_armed(h, true);
+	if(h->old){ /* cut mode: the old copy queues, but what an origin sent from its cut on */
+		if(online || shared_check) return false;
+		if(origin_read_identity(&origin, &seq) && cut_of(h, origin, &cut) && seq >= cut){
+			cut_refused++;
+			return true;
+		}
+		return false;
+	}
+	if(online && h->live){
+		if(h->gen == 0){
+			set_armed(h, true);
+		}else if(!h->armed){
+			/* cut mode: it arms at the tick, with its cut; before, the old copy gets it */
+			set_owed(h, &h->arm_owed, true);
+			return !shared_check;
+		}
+	}
 	live = h->armed;
 	if(online && !live) return false; /* only a live hold acts on a connected client */
 	if(shared_check && (live || !h->ring)) return false; /* (a plain or live hold) */
@@ -285,6 +446,10 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(len) memcpy(m->payload, payload, len);
 	m->len = len;
 	m->at_ms = now;
+	if(h->gen && origin_read_identity(&origin, &seq)){
+		m->origin = origin;
+		m->seq = seq;
+	}
 	if(h->tail) h->tail->next = m;
 	else h->head = m;
 	h->tail = m;
@@ -300,7 +465,21 @@ void hold_tick(void)
 {
 	struct hold *h, *tmp;
 	struct held_msg *m;
+	uint64_t cut;
 
+	if(owed > 0){ /* cut mode: arms and holds take effect now, each with its cut's marker */
+		HASH_ITER(hh, holds, h, tmp){
+			if(h->arm_owed){
+				set_owed(h, &h->arm_owed, false);
+				set_armed(h, true);
+				send_marker(h);
+			}else if(h->hold_owed){
+				set_owed(h, &h->hold_owed, false);
+				h->old = false;
+				send_marker(h);
+			}
+		}
+	}
 	if(armed > 0){
 		int64_t now = mono_ms();
 
@@ -316,6 +495,10 @@ void hold_tick(void)
 		if(!h->releasing) continue;
 		for(m = h->head; m; m = m->next){
 			if(m->at_ms < h->since_ms) continue;
+			if(m->origin && m->qos > 0 && cut_of(h, m->origin, &cut) && m->seq < cut){
+				cut_skipped++; /* below its origin's cut: the old copy had it */
+				continue;
+			}
 			/* a targeted delivery: queued for the offline session, no READ check */
 			/* Mosquitto owns the properties once it took the message */
 			if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
@@ -335,6 +518,15 @@ void hold_tick(void)
 	}
 }
 
+void hold_cut_stats(uint64_t *applied, uint64_t *ignored, uint64_t *refused,
+		uint64_t *skipped)
+{
+	*applied = cuts_applied;
+	*ignored = cuts_ignored;
+	*refused = cut_refused;
+	*skipped = cut_skipped;
+}
+
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays)
 {
 	*held = HASH_COUNT(holds);
@@ -352,8 +544,9 @@ void hold_clear(void)
 	}
 	releasing = 0;
 	rings = 0;
-	armed = lives = 0;
+	armed = lives = owed = 0;
 	armed_checked_ms = 0;
+	cut_refused = cut_skipped = cuts_applied = cuts_ignored = 0;
 	origin_keep_props(false);
 	ring_bytes = ring_messages = replayed = 0;
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "batch.h"
+#include "hold.h"
 #include "inflight.h"
 #include "inject.h"
 #include "origin.h"
@@ -32,8 +33,10 @@ struct prepared {
 	uint8_t qos;
 	bool retain;
 	mosquitto_property *props;
-	const char *publisher;           /* in the batch (not NUL-terminated); No Local (origin.c) */
-	uint16_t publisher_len;
+	struct injected_id id;           /* pointing into the batch (origin.c) */
+	bool cut;                        /* a kind 2 record: a moving session's cut (hold.c) */
+	char *cut_client;                /* ...its client id, */
+	uint64_t gen;                    /* and the move's generation */
 };
 
 static uint64_t n_batches, n_messages, n_refused;
@@ -133,14 +136,37 @@ static void free_prepared(struct prepared *m, unsigned n)
 
 	for(i = 0; i < n; i++){
 		free(m[i].topic);
+		free(m[i].cut_client);
 		mosquitto_property_free_all(&m[i].props);
 	}
 	free(m);
 }
 
 /* Check one record and prepare it; NULL on success, else the reason. */
+/* A cut (kind 2): the session's client id, the origin node, the cut seq, the generation. */
+static const char *prepare_cut(const struct mqfb_record *r, struct prepared *m)
+{
+	if(r->topic_len || r->props_len || r->payload_len) return "cut";
+	if(r->client_len == 0 || memchr(r->client, 0, r->client_len) != NULL
+			|| mosquitto_validate_utf8(r->client, r->client_len) != MOSQ_ERR_SUCCESS){
+		return "client";
+	}
+	if(r->origin_len == 0) return "origin";
+	m->cut = true;
+	m->cut_client = malloc((size_t)r->client_len + 1);
+	if(m->cut_client == NULL) return "memory";
+	memcpy(m->cut_client, r->client, r->client_len);
+	m->cut_client[r->client_len] = '\0';
+	m->gen = r->hlc;
+	m->id.origin = r->origin;
+	m->id.origin_len = r->origin_len;
+	m->id.seq = r->seq;
+	return NULL;
+}
+
 static const char *prepare(const struct mqfb_record *r, struct prepared *m)
 {
+	if(r->kind == MQFB_KIND_CUT) return prepare_cut(r, m);
 	if(r->kind != MQFB_KIND_MESSAGE) return "kind";
 	if(r->topic_len == 0 || memchr(r->topic, 0, r->topic_len) != NULL) return "topic";
 	if(mosquitto_validate_utf8(r->topic, r->topic_len) != MOSQ_ERR_SUCCESS) return "topic";
@@ -157,8 +183,11 @@ static const char *prepare(const struct mqfb_record *r, struct prepared *m)
 	m->payload_len = r->payload_len;
 	m->qos = r->qos;
 	m->retain = r->retain;
-	m->publisher = r->client;
-	m->publisher_len = r->client_len;
+	m->id.publisher = r->client;
+	m->id.publisher_len = r->client_len;
+	m->id.origin = r->origin;
+	m->id.origin_len = r->origin_len;
+	m->id.seq = r->seq;
 	return mqfb_props(r, &m->props);
 }
 
@@ -198,8 +227,13 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		return;
 	}
 	for(i = 0; i < n; i++){
+		if(m[i].cut){
+			hold_cut(m[i].cut_client, m[i].gen,
+					origin_node_hash(m[i].id.origin, m[i].id.origin_len), m[i].id.seq);
+			continue;
+		}
 		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props,
-				m[i].publisher, m[i].publisher_len);
+				&m[i].id);
 		rc = mosquitto_broker_publish_copy(NULL, m[i].topic, (int)m[i].payload_len,
 				m[i].payload, m[i].qos, m[i].retain, m[i].props);
 		if(rc != MOSQ_ERR_SUCCESS){

@@ -56,6 +56,14 @@ struct pending {
 	uint64_t order;            /* resolution order */
 };
 
+/* Told of every client's accepted connect (not the sidecar's): plugin.c sets hold.c's. */
+static void (*on_client_connect)(const char *id);
+
+void model_set_connect_listener(void (*fn)(const char *id))
+{
+	on_client_connect = fn;
+}
+
 static struct client *clients;
 static unsigned n_online;
 static uint64_t n_subs;
@@ -476,6 +484,7 @@ static void pending_resolve(struct pending *p)
 		c->queued = 0; /* its queue goes to this connection */
 		if(!sidecar_vouched(conn)){
 			inflight_on_client_connect(p->id, present);
+			if(on_client_connect) on_client_connect(p->id); /* hold.c: a moving session */
 		}
 	}else{
 		mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: out of memory adding client %s", p->id);

@@ -19,6 +19,7 @@ struct client_run {
 };
 
 void model_cleanup(void);
+void model_set_connect_listener(void (*fn)(const char *id));
 struct client *model_find(const char *id);
 struct client *model_next(struct client *c);
 unsigned model_sessions(void);

@@ -24,8 +24,19 @@ bool origin_read_denied(struct mosquitto *client, const char *topic, const void 
 void origin_fwd_auth(struct mosquitto *client);
 void origin_fwd_disconnect(struct mosquitto *client);
 void origin_tick(void);
+/* Who an injected message is (its batch record): No Local, and a moving session's cuts. */
+struct injected_id {
+	const char *publisher;     /* its publisher's client id (not NUL-terminated); may be empty */
+	uint16_t publisher_len;
+	const char *origin;        /* the node it was published on; may be empty */
+	uint16_t origin_len;
+	uint64_t seq;              /* its seq there */
+};
+
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
-		const mosquitto_property *props, const char *publisher, uint16_t publisher_len);
+		const mosquitto_property *props, const struct injected_id *id);
+bool origin_read_identity(uint64_t *origin, uint64_t *seq);
+uint64_t origin_node_hash(const char *node, size_t len);
 bool origin_read_injected(void);
 void origin_stats(struct origin_stats *s);
 void origin_cleanup(void);

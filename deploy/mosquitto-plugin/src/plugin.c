@@ -877,6 +877,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 		return MOSQ_ERR_INVAL;
 	}
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
+	model_set_connect_listener(hold_on_connect);
 	shed_init(mo.fwd_backlog_max);
 	recent_init(mo.catchup_ms, mo.catchup_bytes);
 	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);

@@ -874,3 +874,19 @@ class RawClient:
             self.s.close()
         if self._reader:
             self._reader.join(2)
+
+
+def inject(sc: FakeSidecar, batch_id: int, data: bytes, timeout: float = 5.0) -> dict:
+    """Send MQFB batch `data` (its id `batch_id`) to `$CONTROL/mqfed/inject` on the control
+    connection; the plugin's reply."""
+    sc.send(data, topic="$CONTROL/mqfed/inject")
+    deadline = time.monotonic() + timeout
+    with sc.cond:
+        while True:
+            for r in sc.replies.get(None, []):
+                if r.get("cmd") == "inject" and r.get("batch") == batch_id:
+                    return r
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no reply to inject batch {batch_id}")
+            sc.cond.wait(left)

@@ -24,6 +24,7 @@ from tests.system.plugin.helpers import (
     Client,
     FakeSidecar,
     RawClient,
+    inject,
     user_props,
 )
 
@@ -31,21 +32,6 @@ FWD_ID = SIDECAR_ID + ".fwd"
 PROPS = MessageProperties(user=(("k", "v"), ("k", "w")), content_type="text/plain",
                           payload_format=1, correlation_data=b"\x00c", response_topic="r/1",
                           message_expiry=300)
-
-
-def inject(sc: FakeSidecar, batch_id: int, data: bytes, timeout: float = 5.0) -> dict:
-    """Send batch `data` (its id `batch_id`) on the control connection; the plugin's reply."""
-    sc.send(data, topic=INJECT_TOPIC)
-    deadline = time.monotonic() + timeout
-    with sc.cond:
-        while True:
-            for r in sc.replies.get(None, []):
-                if r.get("cmd") == "inject" and r.get("batch") == batch_id:
-                    return r
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no reply to inject batch {batch_id}")
-            sc.cond.wait(left)
 
 
 class Net:
