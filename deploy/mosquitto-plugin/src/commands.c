@@ -1,5 +1,4 @@
 /* Commands from the sidecar on $CONTROL/mqfed/v1 and their replies; the deny list. */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,30 +487,23 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	const cJSON *live = cJSON_GetObjectItemCaseSensitive(req, "live");
 	const cJSON *since = cJSON_GetObjectItemCaseSensitive(req, "since_ms");
 	const cJSON *old = cJSON_GetObjectItemCaseSensitive(req, "old");
-	const char *gen_text = get_str(req, "gen");
-	uint64_t gen = 0;
-	char *end = NULL;
+	const cJSON *cut = cJSON_GetObjectItemCaseSensitive(req, "cut");
 
-	if(gen_text){ /* a move's generation (cut mode, hold.c): a decimal u64, as a string */
-		errno = 0;
-		gen = strtoull(gen_text, &end, 10);
-		if(errno || end == gen_text || *end != '\0' || gen_text[0] == '-') gen_text = NULL;
-	}
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
 			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))
-			|| (old && !cJSON_IsBool(old))
-			|| (cJSON_GetObjectItemCaseSensitive(req, "gen") && gen_text == NULL)
-			|| (cJSON_IsTrue(old) && gen == 0)){
+			|| (old && !cJSON_IsBool(old)) || (cut && !cJSON_IsBool(cut))
+			|| (cJSON_IsTrue(old) && !cJSON_IsTrue(on))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	if(cJSON_IsTrue(old)){
-		if(hold_old(client, gen) != 0){
+	if(cJSON_IsTrue(old)){ /* a moving session's old copy, in cut mode (hold.c) */
+		if(hold_old(client) != 0){
 			reply_error(rq, "internal");
 			return;
 		}
 	}else if(cJSON_IsTrue(on)){
-		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live), gen) != 0){
+		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live),
+					cJSON_IsTrue(cut)) != 0){
 			reply_error(rq, "internal");
 			return;
 		}
@@ -698,7 +690,7 @@ static void cmd_stats(const struct request *rq)
 	struct inject_stats ij;
 	struct shed_stats sh;
 	uint64_t held, ring_messages, ring_bytes, replayed;
-	uint64_t cut_applied, cut_ignored, cut_refused, cut_skipped;
+	uint64_t cut_applied, cut_ignored, cut_refused, cut_skipped, cut_pending;
 
 	ev_stats(&ev);
 	origin_stats(&og);
@@ -731,7 +723,8 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "inject_messages", (double)ij.messages);
 		cJSON_AddNumberToObject(o, "inject_refused", (double)ij.refused);
 		cJSON_AddNumberToObject(o, "inject_no_local", (double)og.no_local);
-		hold_cut_stats(&cut_applied, &cut_ignored, &cut_refused, &cut_skipped);
+		hold_cut_stats(&cut_applied, &cut_ignored, &cut_refused, &cut_skipped, &cut_pending);
+		cJSON_AddNumberToObject(o, "cuts_pending", (double)cut_pending);
 		cJSON_AddNumberToObject(o, "cuts_applied", (double)cut_applied);
 		cJSON_AddNumberToObject(o, "cuts_ignored", (double)cut_ignored);
 		cJSON_AddNumberToObject(o, "cut_refused", (double)cut_refused);

@@ -24,19 +24,22 @@
  *   subscription of the session is replayed at that subscription's QoS and with its
  *   Subscription Identifier, as Mosquitto would have queued it. With more than one matching
  *   subscription each refused copy keeps the publish QoS and no identifier.
- * - Cut mode (a hold with a move's generation `gen`, docs/architecture.md §5 "Exactly once
- *   across a move under traffic"): per origin node, a cut splits a moving session's messages
- *   between its old copy (below the cut) and its new one (at or above it). Each node cuts its
- *   own messages at a TICK, where the plugin delivers `.fwd` a probe `cut:<client>` that
- *   follows every copy routed before and precedes every copy routed after; peers' cuts come
- *   in batches (kind 2 records, hold_cut), in their stream's order.
+ * - Cut mode (`cut`, docs/architecture.md §5 "Exactly once across a move under traffic"):
+ *   per origin node, a cut splits a moving session's messages between its old copy (below
+ *   the cut) and its new one (at or above it). Each node cuts its own messages at a TICK,
+ *   where the plugin delivers `.fwd` a probe `cut:<client>` that follows every copy routed
+ *   before and precedes every copy routed after; peers' cuts come in batches (kind 2 records,
+ *   hold_cut), in their stream's order, and only to the two nodes of that move, so a cut
+ *   applies to the client's hold in cut mode here; one that comes before that hold (the new
+ *   node's own cut, sent when its client connected, can overtake the old node's learning of
+ *   the move) waits for it for PENDING_MS.
  *   - The new copy (a live hold): arms at the tick after its client's connect, with the
  *     marker (before that tick its checks are refused and not kept: the old copy gets
  *     those); its ring keeps each injected message's identity (origin, seq) and, released,
  *     leaves out what an origin sent below its cut (the old copy had it) at QoS > 0 (an
  *     offline session drops QoS 0, so the old copy never had those).
  *   - The old copy (`old`): grants, but refuses an injected message at or above its
- *     origin's cut; held with a generation, it is held at the next tick, with the marker.
+ *     origin's cut; held in cut mode, it is held at the next tick, with the marker.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +55,8 @@
 #define RING_MESSAGES_PER_HOLD 20000u
 #define RING_BYTES_TOTAL ((uint64_t)64 << 20) /* over every ring */
 #define LIVE_MAX_MS 30000                  /* an armed live hold releases itself after this */
+#define PENDING_MS 30000                   /* a cut waits this long for its client's hold */
+#define PENDING_MAX 10000u                 /* clients with cuts waiting */
 
 struct held_msg {
 	struct held_msg *next;
@@ -84,7 +89,7 @@ struct hold {
 	struct held_msg *head, *tail;
 	size_t bytes;
 	unsigned count;
-	uint64_t gen;        /* cut mode: the move's generation; 0: none */
+	bool cut_mode;       /* a move's copy whose origins' cuts split its messages */
 	bool old;            /* cut mode: the old copy (grants below each origin's cut) */
 	bool arm_owed;       /* cut mode: arm, with the marker, at the next tick */
 	bool hold_owed;      /* cut mode: held (plain), with the marker, at the next tick */
@@ -154,12 +159,80 @@ static void set_owed(struct hold *h, bool *flag, bool on)
 	if(before != (h->arm_owed || h->hold_owed)) before ? owed-- : owed++;
 }
 
-static void forget_cuts(struct hold *h, uint64_t gen)
+/* Cuts that came before their client's hold in cut mode (see the top). */
+struct pending_cuts {
+	UT_hash_handle hh;
+	char *id;
+	int64_t at_ms;
+	struct cut *cuts;
+	unsigned ncuts;
+};
+static struct pending_cuts *pending;
+static int64_t pending_swept_ms;
+
+static void forget_cuts(struct hold *h)
 {
 	free(h->cuts);
 	h->cuts = NULL;
 	h->ncuts = 0;
-	h->gen = gen;
+}
+
+static void drop_pending(struct pending_cuts *p)
+{
+	HASH_DEL(pending, p);
+	free(p->cuts);
+	free(p->id);
+	free(p);
+}
+
+/* Set `origin`'s cut in a list; false: out of memory. */
+static bool put_cut(struct cut **cuts, unsigned *n, uint64_t origin, uint64_t seq)
+{
+	struct cut *grown;
+	unsigned i;
+
+	for(i = 0; i < *n; i++){
+		if((*cuts)[i].origin == origin){
+			(*cuts)[i].seq = seq; /* a later cut of that node: a later move */
+			return true;
+		}
+	}
+	grown = realloc(*cuts, (*n + 1) * sizeof(*grown));
+	if(grown == NULL) return false;
+	*cuts = grown;
+	grown[*n].origin = origin;
+	grown[*n].seq = seq;
+	(*n)++;
+	return true;
+}
+
+/* A hold enters cut mode: the cuts that came for its client before are its own. */
+static void take_pending(struct hold *h)
+{
+	struct pending_cuts *p = NULL;
+	unsigned i;
+
+	if(pending == NULL) return;
+	HASH_FIND_STR(pending, h->id, p);
+	if(p == NULL) return;
+	for(i = 0; i < p->ncuts; i++){
+		if(put_cut(&h->cuts, &h->ncuts, p->cuts[i].origin, p->cuts[i].seq)) cuts_applied++;
+	}
+	drop_pending(p);
+}
+
+static void sweep_pending(int64_t now)
+{
+	struct pending_cuts *p, *tmp;
+
+	if(pending == NULL || now - pending_swept_ms < 1000) return;
+	pending_swept_ms = now;
+	HASH_ITER(hh, pending, p, tmp){
+		if(now - p->at_ms > PENDING_MS){
+			cuts_ignored += p->ncuts;
+			drop_pending(p);
+		}
+	}
 }
 
 /* The cut of `origin` for this hold; false: none yet. */
@@ -176,35 +249,30 @@ static bool cut_of(const struct hold *h, uint64_t origin, uint64_t *seq)
 	return false;
 }
 
-/* An origin's cut for `id`'s move `gen` (a kind 2 record of a batch). A cut for another move,
- * or for a client held here in no cut mode, is ignored (counted). */
-void hold_cut(const char *id, uint64_t gen, uint64_t origin, uint64_t seq)
+/* An origin's cut for `id`'s move (a kind 2 record of a batch): its hold's, in cut mode;
+ * without one yet, it waits for it (PENDING_MS). Out of memory it is ignored (counted): the
+ * new copy then delivers what the old one had too (duplicates, no loss). */
+void hold_cut(const char *id, uint64_t origin, uint64_t seq)
 {
 	struct hold *h = find(id);
-	struct cut *grown;
-	unsigned i;
+	struct pending_cuts *p = NULL;
 
-	if(h == NULL || h->gen == 0 || h->gen != gen || origin == 0){
-		cuts_ignored++;
+	if(h != NULL && h->cut_mode){
+		put_cut(&h->cuts, &h->ncuts, origin, seq) ? cuts_applied++ : cuts_ignored++;
 		return;
 	}
-	for(i = 0; i < h->ncuts; i++){
-		if(h->cuts[i].origin == origin){
-			h->cuts[i].seq = seq;
-			cuts_applied++;
+	if(pending) HASH_FIND_STR(pending, id, p);
+	if(p == NULL){
+		if(HASH_COUNT(pending) >= PENDING_MAX || (p = calloc(1, sizeof(*p))) == NULL
+				|| (p->id = strdup(id)) == NULL){
+			free(p);
+			cuts_ignored++;
 			return;
 		}
+		HASH_ADD_KEYPTR(hh, pending, p->id, strlen(p->id), p);
 	}
-	grown = realloc(h->cuts, (h->ncuts + 1) * sizeof(*grown));
-	if(grown == NULL){ /* without it: the new copy delivers it all (duplicates, no loss) */
-		cuts_ignored++;
-		return;
-	}
-	h->cuts = grown;
-	h->cuts[h->ncuts].origin = origin;
-	h->cuts[h->ncuts].seq = seq;
-	h->ncuts++;
-	cuts_applied++;
+	p->at_ms = mono_ms();
+	if(!put_cut(&p->cuts, &p->ncuts, origin, seq)) cuts_ignored++;
 }
 
 /* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
@@ -243,13 +311,13 @@ static void set_armed(struct hold *h, bool on)
 
 /* Hold `id`'s session (a ring hold keeps what it refuses; a live one, see above).
  * 0, or -1: out of memory. */
-int hold_set(const char *id, bool ring, bool live, uint64_t gen)
+int hold_set(const char *id, bool ring, bool live, bool cut)
 {
 	struct hold *h = find(id);
 	/* its client moves on before its live ring was released: that ring, filtered by this
 	 * move's cuts, goes into the session (the onward move is not in cut mode) */
 	bool chained = h != NULL && h->armed && !live;
-	bool cut_hold = gen != 0 && !ring && !live && !chained;
+	bool cut_hold = cut && !ring && !live && !chained;
 
 	if(h == NULL){
 		h = calloc(1, sizeof(*h));
@@ -275,7 +343,11 @@ int hold_set(const char *id, bool ring, bool live, uint64_t gen)
 	if(!live) set_armed(h, false);
 	if(live != h->live) live ? lives++ : lives--;
 	h->live = live;
-	if(gen != h->gen && !chained) forget_cuts(h, gen); /* another move: cuts start afresh */
+	if(!chained){
+		if(!cut && h->cut_mode) forget_cuts(h);
+		if(cut && !ring && !h->cut_mode) take_pending(h);
+		h->cut_mode = cut && !ring;
+	}
 	if(!live) set_owed(h, &h->arm_owed, false);
 	/* the old copy of a move is held at the next tick, with its cut: until then it is old */
 	h->old = cut_hold;
@@ -286,16 +358,14 @@ int hold_set(const char *id, bool ring, bool live, uint64_t gen)
 
 /* The old copy of a moving session (cut mode): it still queues, but refuses what an origin
  * sent at or above its cut. 0, or -1: out of memory. */
-int hold_old(const char *id, uint64_t gen)
+int hold_old(const char *id)
 {
 	struct hold *h = find(id);
 
 	if(h != NULL && !h->old) return 0; /* held already (or a replica, or arriving) */
 	if(h == NULL){
-		if(hold_set(id, false, false, gen) != 0) return -1;
+		if(hold_set(id, false, false, true) != 0) return -1;
 		h = find(id);
-	}else if(h->gen != gen){
-		forget_cuts(h, gen);
 	}
 	set_owed(h, &h->hold_owed, false);
 	h->old = true;
@@ -309,7 +379,7 @@ void hold_on_connect(const char *id)
 
 	if(lives == 0) return;
 	h = find(id);
-	if(h && h->live && h->gen && !h->armed) set_owed(h, &h->arm_owed, true);
+	if(h && h->live && h->cut_mode && !h->armed) set_owed(h, &h->arm_owed, true);
 }
 
 /* What the ring keeps of a refused message besides topic and payload: its QoS and properties
@@ -397,7 +467,7 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 		return false;
 	}
 	if(online && h->live){
-		if(h->gen == 0){
+		if(!h->cut_mode){
 			set_armed(h, true);
 		}else if(!h->armed){
 			/* cut mode: it arms at the tick, with its cut; before, the old copy gets it */
@@ -446,7 +516,7 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(len) memcpy(m->payload, payload, len);
 	m->len = len;
 	m->at_ms = now;
-	if(h->gen && origin_read_identity(&origin, &seq)){
+	if(h->cut_mode && origin_read_identity(&origin, &seq)){
 		m->origin = origin;
 		m->seq = seq;
 	}
@@ -467,6 +537,7 @@ void hold_tick(void)
 	struct held_msg *m;
 	uint64_t cut;
 
+	sweep_pending(mono_ms());
 	if(owed > 0){ /* cut mode: arms and holds take effect now, each with its cut's marker */
 		HASH_ITER(hh, holds, h, tmp){
 			if(h->arm_owed){
@@ -519,8 +590,9 @@ void hold_tick(void)
 }
 
 void hold_cut_stats(uint64_t *applied, uint64_t *ignored, uint64_t *refused,
-		uint64_t *skipped)
+		uint64_t *skipped, uint64_t *waiting)
 {
+	*waiting = HASH_COUNT(pending);
 	*applied = cuts_applied;
 	*ignored = cuts_ignored;
 	*refused = cut_refused;
@@ -538,12 +610,17 @@ void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *r
 void hold_clear(void)
 {
 	struct hold *h, *tmp;
+	struct pending_cuts *p, *ptmp;
 
 	HASH_ITER(hh, holds, h, tmp){
 		remove_hold(h);
 	}
 	releasing = 0;
 	rings = 0;
+	HASH_ITER(hh, pending, p, ptmp){
+		drop_pending(p);
+	}
+	pending_swept_ms = 0;
 	armed = lives = owed = 0;
 	armed_checked_ms = 0;
 	cut_refused = cut_skipped = cuts_applied = cuts_ignored = 0;

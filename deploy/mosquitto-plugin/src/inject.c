@@ -35,8 +35,7 @@ struct prepared {
 	mosquitto_property *props;
 	struct injected_id id;           /* pointing into the batch (origin.c) */
 	bool cut;                        /* a kind 2 record: a moving session's cut (hold.c) */
-	char *cut_client;                /* ...its client id, */
-	uint64_t gen;                    /* and the move's generation */
+	char *cut_client;                /* ...its client id */
 };
 
 static uint64_t n_batches, n_messages, n_refused;
@@ -143,7 +142,7 @@ static void free_prepared(struct prepared *m, unsigned n)
 }
 
 /* Check one record and prepare it; NULL on success, else the reason. */
-/* A cut (kind 2): the session's client id, the origin node, the cut seq, the generation. */
+/* A cut (kind 2): the session's client id, the origin node, the cut seq. */
 static const char *prepare_cut(const struct mqfb_record *r, struct prepared *m)
 {
 	if(r->topic_len || r->props_len || r->payload_len) return "cut";
@@ -157,7 +156,6 @@ static const char *prepare_cut(const struct mqfb_record *r, struct prepared *m)
 	if(m->cut_client == NULL) return "memory";
 	memcpy(m->cut_client, r->client, r->client_len);
 	m->cut_client[r->client_len] = '\0';
-	m->gen = r->hlc;
 	m->id.origin = r->origin;
 	m->id.origin_len = r->origin_len;
 	m->id.seq = r->seq;
@@ -228,8 +226,8 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	}
 	for(i = 0; i < n; i++){
 		if(m[i].cut){
-			hold_cut(m[i].cut_client, m[i].gen,
-					origin_node_hash(m[i].id.origin, m[i].id.origin_len), m[i].id.seq);
+			hold_cut(m[i].cut_client, origin_node_hash(m[i].id.origin, m[i].id.origin_len),
+					m[i].id.seq);
 			continue;
 		}
 		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props,

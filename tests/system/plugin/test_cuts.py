@@ -60,7 +60,7 @@ def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_went_below_an_origin
     fwd = forwarding(clients, broker)
     inject_ = Injector(sidecar)
     offline(client_factory, sidecar, "mover", "c/#")
-    assert sidecar.call("hold", client="mover", on=True, live=True, gen="7")["ok"]
+    assert sidecar.call("hold", client="mover", on=True, live=True, cut=True)["ok"]
     inject_(*msgs("n2", "c/a", [1, 2]))          # before its client: the old copy's
     c = client_factory("mover", session_expiry=300, clean_start=False)
     assert c.connect() is True
@@ -73,8 +73,8 @@ def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_went_below_an_origin
     pub = client_factory("local-pub")
     pub.connect()
     pub.publish("c/l", "local", qos=1)                          # this node's: after its cut
-    inject_(cut_record("mover", "n2", 5, 7),      # n2's messages below 5 went to the old copy
-            cut_record("mover", "n3", 99, 8))     # another move's: ignored
+    inject_(cut_record("mover", "n2", 5),         # n2's messages below 5 went to the old copy
+            cut_record("someone-else", "n3", 1))  # no hold in cut mode: it waits, unused
     time.sleep(0.3)
     assert [m.payload for m in c.messages] == []
     assert sidecar.call("hold", client="mover", on=False)["ok"]
@@ -83,7 +83,7 @@ def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_went_below_an_origin
     assert [m.payload for m in c.messages] == [b"n2:5", b"n3:10", b"n3:11", b"n2:q0",
                                                b"local"], got
     st = sidecar.call("stats")
-    assert (st["cuts_applied"], st["cuts_ignored"], st["cut_skipped"]) == (1, 1, 2)
+    assert (st["cuts_applied"], st["cuts_pending"], st["cut_skipped"]) == (1, 1, 2)
 
 
 def test_the_old_copy_queues_below_each_cut_and_is_held_at_a_tick_with_its_own(
@@ -91,15 +91,16 @@ def test_the_old_copy_queues_below_each_cut_and_is_held_at_a_tick_with_its_own(
     fwd = forwarding(clients, broker)
     inject_ = Injector(sidecar)
     offline(client_factory, sidecar, "leaver", "o/#")
-    assert sidecar.call("hold", client="leaver", on=True, old=True, gen="9")["ok"]
-    inject_(*msgs("n2", "o/a", [1, 2]))
-    inject_(cut_record("leaver", "n2", 4, 9), *msgs("n2", "o/a", [3, 4, 5]),
+    inject_(cut_record("leaver", "n4", 1))       # before its hold: waits for it
+    assert sidecar.call("hold", client="leaver", on=True, old=True)["ok"]
+    inject_(*msgs("n2", "o/a", [1, 2]), *msgs("n4", "o/c", [1]))
+    inject_(cut_record("leaver", "n2", 4), *msgs("n2", "o/a", [3, 4, 5]),
             *msgs("n3", "o/b", [7]))              # n3 has not cut: its messages still come
     pub = client_factory("local-pub")
     pub.connect()
     pub.publish("o/l", "local-1", qos=1)
     time.sleep(0.2)
-    assert sidecar.call("hold", client="leaver", on=True, gen="9")["ok"]   # held at the tick
+    assert sidecar.call("hold", client="leaver", on=True, cut=True)["ok"]   # held at the tick
     deadline = time.monotonic() + 5
     while markers(fwd) != [b"cut:leaver"]:
         assert time.monotonic() < deadline, markers(fwd)
@@ -114,12 +115,12 @@ def test_the_old_copy_queues_below_each_cut_and_is_held_at_a_tick_with_its_own(
     time.sleep(0.3)
     assert [m.payload for m in again.messages] == [b"n2:1", b"n2:2", b"n2:3", b"n3:7",
                                                    b"local-1"]
-    assert sidecar.call("stats")["cut_refused"] == 2
+    assert sidecar.call("stats")["cut_refused"] == 3
 
 
-def test_hold_refuses_a_bad_generation(broker, sidecar):
-    for bad in ({"gen": "x"}, {"gen": "-1"}, {"gen": 7}, {"old": True}):
-        reply = sidecar.call("hold", client="c", on=True, **bad)
+def test_hold_refuses_bad_cut_options(broker, sidecar):
+    for bad in ({"cut": "yes"}, {"old": 1}, {"old": True, "on": False}):
+        reply = sidecar.call("hold", **{"client": "c", "on": True, **bad})
         assert reply["ok"] is False and reply["error"] == "bad_request", (bad, reply)
 
 

@@ -234,22 +234,22 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     old.connect()
     old.subscribe("k/#", 1, timeout=20)
     old.disconnect()
-    assert sc.call("hold", client="vg-old", on=True, old=True, gen="3", timeout=20)["ok"]
-    sc.send(encode_batch(4, [cut_record("vg-old", "n2", 2, 3), cut_record("zz", "n2", 1, 3),
+    assert sc.call("hold", client="vg-old", on=True, old=True, timeout=20)["ok"]
+    sc.send(encode_batch(4, [cut_record("vg-old", "n2", 2), cut_record("zz", "n2", 1),
                              Record("k/1", b"c1", 1, seq=1, origin="n2"),
                              Record("k/1", b"c2", 1, seq=2, origin="n2")]), topic=INJECT_TOPIC)
-    assert sc.call("hold", client="vg-old", on=True, gen="3", timeout=20)["ok"]
+    assert sc.call("hold", client="vg-old", on=True, cut=True, timeout=20)["ok"]
     new = client("vg-new", session_expiry=300, clean_start=False)
     new.connect()
     new.subscribe("k/#", 1, timeout=20)
     new.disconnect()
-    assert sc.call("hold", client="vg-new", on=True, live=True, gen="5", timeout=20)["ok"]
+    assert sc.call("hold", client="vg-new", on=True, live=True, cut=True, timeout=20)["ok"]
     new = client("vg-new", session_expiry=300, clean_start=False)
     new.connect()
     time.sleep(0.5)  # armed at a tick
     sc.send(encode_batch(5, [Record("k/2", b"n1", 1, seq=1, origin="n2"),
                              Record("k/2", b"n2", 1, seq=2, origin="n2"),
-                             cut_record("vg-new", "n2", 2, 5)]), topic=INJECT_TOPIC)
+                             cut_record("vg-new", "n2", 2)]), topic=INJECT_TOPIC)
     time.sleep(0.5)
     assert sc.call("hold", client="vg-new", on=False, timeout=20)["ok"]
     assert [m.payload for m in new.wait_messages(lambda m: m.topic == "k/2", timeout=20)] == [
