@@ -5,6 +5,7 @@
 
 #include "calib.h"
 #include "commands.h"
+#include "cut.h"
 #include "events.h"
 #include "hold.h"
 #include "inflight.h"
@@ -486,19 +487,28 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	const cJSON *ring = cJSON_GetObjectItemCaseSensitive(req, "ring");
 	const cJSON *live = cJSON_GetObjectItemCaseSensitive(req, "live");
 	const cJSON *since = cJSON_GetObjectItemCaseSensitive(req, "since_ms");
-	const cJSON *old = cJSON_GetObjectItemCaseSensitive(req, "old");
 	const cJSON *cut = cJSON_GetObjectItemCaseSensitive(req, "cut");
+	const cJSON *granted = cJSON_GetObjectItemCaseSensitive(req, "granted");
+	const cJSON *cuts = cJSON_GetObjectItemCaseSensitive(req, "cuts");
+	const char *old_for = get_str(req, "old_for");
 
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
 			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))
-			|| (old && !cJSON_IsBool(old)) || (cut && !cJSON_IsBool(cut))
-			|| (cJSON_IsTrue(old) && !cJSON_IsTrue(on))){
+			|| (cut && !cJSON_IsBool(cut))
+			|| (cJSON_GetObjectItemCaseSensitive(req, "old_for") && (old_for == NULL
+					|| *old_for == '\0' || !cJSON_IsTrue(on)))
+			|| ((granted || cuts) && (cJSON_IsTrue(on) || since))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	if(cJSON_IsTrue(old)){ /* a moving session's old copy, in cut mode (hold.c) */
-		if(hold_old(client) != 0){
+	if(old_for){ /* a moving session's old copy, in cut mode; `old_for`: the new node */
+		if(hold_old(client, old_for) != 0){
 			reply_error(rq, "internal");
+			return;
+		}
+	}else if(granted || cuts){ /* a new copy's release without what the old copy had */
+		if(hold_release_skipping(client, granted, cuts) != 0){
+			reply_error(rq, "bad_request");
 			return;
 		}
 	}else if(cJSON_IsTrue(on)){
@@ -511,6 +521,27 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 		hold_release(client, since != NULL, since ? (int64_t)since->valuedouble : 0);
 	}
 	reply_ok(rq);
+}
+
+/* What a moving session's old copy granted (identities), for its new copy to skip. */
+static void cmd_granted(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	cJSON *o, *list;
+
+	if(client == NULL){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	list = hold_granted(client);
+	if(list == NULL){
+		reply_error(rq, "not_moving");
+		return;
+	}
+	o = reply_new(rq, true);
+	if(o) cJSON_AddItemToObject(o, "granted", list);
+	else cJSON_Delete(list);
+	reply_send(rq, o);
 }
 
 static void cmd_admit(const struct request *rq, const cJSON *req)
@@ -690,7 +721,6 @@ static void cmd_stats(const struct request *rq)
 	struct inject_stats ij;
 	struct shed_stats sh;
 	uint64_t held, ring_messages, ring_bytes, replayed;
-	uint64_t cut_applied, cut_ignored, cut_refused, cut_skipped, cut_pending;
 
 	ev_stats(&ev);
 	origin_stats(&og);
@@ -723,12 +753,7 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "inject_messages", (double)ij.messages);
 		cJSON_AddNumberToObject(o, "inject_refused", (double)ij.refused);
 		cJSON_AddNumberToObject(o, "inject_no_local", (double)og.no_local);
-		hold_cut_stats(&cut_applied, &cut_ignored, &cut_refused, &cut_skipped, &cut_pending);
-		cJSON_AddNumberToObject(o, "cuts_pending", (double)cut_pending);
-		cJSON_AddNumberToObject(o, "cuts_applied", (double)cut_applied);
-		cJSON_AddNumberToObject(o, "cuts_ignored", (double)cut_ignored);
-		cJSON_AddNumberToObject(o, "cut_refused", (double)cut_refused);
-		cJSON_AddNumberToObject(o, "cut_skipped", (double)cut_skipped);
+		cut_stats(o);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);
 		cJSON_AddNumberToObject(o, "fwd_qos2_forgotten", (double)og.forgotten);
 		cJSON_AddNumberToObject(o, "fwd_filters", sh.filters);
@@ -871,6 +896,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_admit(&rq, req);
 	}else if(streq(rq.cmd, "hold")){
 		cmd_hold(&rq, req);
+	}else if(streq(rq.cmd, "granted")){
+		cmd_granted(&rq, req);
 	}else if(streq(rq.cmd, "open_sessions")){
 		gate_closed = false;
 		reply_ok(&rq);

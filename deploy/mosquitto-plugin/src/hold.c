@@ -24,26 +24,23 @@
  *   subscription of the session is replayed at that subscription's QoS and with its
  *   Subscription Identifier, as Mosquitto would have queued it. With more than one matching
  *   subscription each refused copy keeps the publish QoS and no identifier.
- * - Cut mode (`cut`, docs/architecture.md §5 "Exactly once across a move under traffic"):
- *   per origin node, a cut splits a moving session's messages between its old copy (below
- *   the cut) and its new one (at or above it). Each node cuts its own messages at a TICK,
- *   where the plugin delivers `.fwd` a probe `cut:<client>` that follows every copy routed
- *   before and precedes every copy routed after; peers' cuts come in batches (kind 2 records,
- *   hold_cut), in their stream's order, and only to the two nodes of that move, so a cut
- *   applies to the client's hold in cut mode here; one that comes before that hold (the new
- *   node's own cut, sent when its client connected, can overtake the old node's learning of
- *   the move) waits for it for PENDING_MS.
- *   - The new copy (a live hold): arms at the tick after its client's connect, with the
- *     marker (before that tick its checks are refused and not kept: the old copy gets
- *     those); its ring keeps each injected message's identity (origin, seq) and, released,
- *     leaves out what an origin sent below its cut (the old copy had it) at QoS > 0 (an
- *     offline session drops QoS 0, so the old copy never had those).
- *   - The old copy (`old`): grants, but refuses an injected message at or above its
- *     origin's cut; held in cut mode, it is held at the next tick, with the marker.
+ * - Cut mode (`cut`, docs/architecture.md §5 "Exactly once across a move under traffic",
+ *   cut.c): a moving session's copies split what was routed to both while its client moved.
+ *   - The old copy (`old_for` the new node): queues, recording the identity of each injected
+ *     message it grants, but refuses the new node's messages from that node's cut on (the new
+ *     copy keeps those); held in cut mode, it is held at the next tick, where the plugin
+ *     delivers `.fwd` the probe `cut:<client>` (every copy routed before the tick is ahead of
+ *     it there, every copy routed after behind): the sidecar makes that its own cut.
+ *   - The new copy (a live hold in cut mode): arms at the tick after its client's connect,
+ *     with the same marker (before that tick its checks are refused and not kept: the old copy
+ *     gets those); its ring keeps each injected message's identity and, released with what
+ *     the old copy granted and the old node's cut, leaves those out at QoS > 0 (an offline
+ *     session drops QoS 0, so the old copy never had those).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "cut.h"
 #include "hold.h"
 #include "model.h"
 #include "origin.h"
@@ -55,8 +52,6 @@
 #define RING_MESSAGES_PER_HOLD 20000u
 #define RING_BYTES_TOTAL ((uint64_t)64 << 20) /* over every ring */
 #define LIVE_MAX_MS 30000                  /* an armed live hold releases itself after this */
-#define PENDING_MS 30000                   /* a cut waits this long for its client's hold */
-#define PENDING_MAX 10000u                 /* clients with cuts waiting */
 
 struct held_msg {
 	struct held_msg *next;
@@ -71,10 +66,6 @@ struct held_msg {
 	uint64_t seq;
 };
 
-struct cut {
-	uint64_t origin;           /* origin_node_hash() of the node that cut */
-	uint64_t seq;              /* its messages below this went to the old copy */
-};
 
 struct hold {
 	UT_hash_handle hh;
@@ -93,8 +84,7 @@ struct hold {
 	bool old;            /* cut mode: the old copy (grants below each origin's cut) */
 	bool arm_owed;       /* cut mode: arm, with the marker, at the next tick */
 	bool hold_owed;      /* cut mode: held (plain), with the marker, at the next tick */
-	struct cut *cuts;
-	unsigned ncuts;
+	struct move *move;   /* cut mode: its cuts and identities (cut.c) */
 };
 
 static struct hold *holds;
@@ -105,7 +95,7 @@ static unsigned lives;           /* live holds: a connected client's checks look
 static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
 static uint64_t ring_bytes, ring_messages, replayed;
 static unsigned owed;            /* holds with an arm or a hold owed at the next tick */
-static uint64_t cut_refused, cut_skipped, cuts_applied, cuts_ignored;
+
 
 static struct hold *find(const char *id)
 {
@@ -137,6 +127,14 @@ static void drop_oldest(struct hold *h)
 	free(m);
 }
 
+/* Out of cut mode (the move, its cuts and identities, are forgotten). */
+static void leave_cut_mode(struct hold *h)
+{
+	if(h->move) move_close(h->id);
+	h->move = NULL;
+	h->cut_mode = false;
+}
+
 static void remove_hold(struct hold *h)
 {
 	while(h->head) drop_oldest(h);
@@ -145,8 +143,8 @@ static void remove_hold(struct hold *h)
 	if(h->armed) armed--;
 	if(h->live) lives--;
 	if(h->arm_owed || h->hold_owed) owed--;
+	leave_cut_mode(h);
 	HASH_DEL(holds, h);
-	free(h->cuts);
 	free(h->id);
 	free(h);
 }
@@ -157,122 +155,6 @@ static void set_owed(struct hold *h, bool *flag, bool on)
 
 	*flag = on;
 	if(before != (h->arm_owed || h->hold_owed)) before ? owed-- : owed++;
-}
-
-/* Cuts that came before their client's hold in cut mode (see the top). */
-struct pending_cuts {
-	UT_hash_handle hh;
-	char *id;
-	int64_t at_ms;
-	struct cut *cuts;
-	unsigned ncuts;
-};
-static struct pending_cuts *pending;
-static int64_t pending_swept_ms;
-
-static void forget_cuts(struct hold *h)
-{
-	free(h->cuts);
-	h->cuts = NULL;
-	h->ncuts = 0;
-}
-
-static void drop_pending(struct pending_cuts *p)
-{
-	HASH_DEL(pending, p);
-	free(p->cuts);
-	free(p->id);
-	free(p);
-}
-
-/* Set `origin`'s cut in a list; false: out of memory. */
-static bool put_cut(struct cut **cuts, unsigned *n, uint64_t origin, uint64_t seq)
-{
-	struct cut *grown;
-	unsigned i;
-
-	for(i = 0; i < *n; i++){
-		if((*cuts)[i].origin == origin){
-			(*cuts)[i].seq = seq; /* a later cut of that node: a later move */
-			return true;
-		}
-	}
-	grown = realloc(*cuts, (*n + 1) * sizeof(*grown));
-	if(grown == NULL) return false;
-	*cuts = grown;
-	grown[*n].origin = origin;
-	grown[*n].seq = seq;
-	(*n)++;
-	return true;
-}
-
-/* A hold enters cut mode: the cuts that came for its client before are its own. */
-static void take_pending(struct hold *h)
-{
-	struct pending_cuts *p = NULL;
-	unsigned i;
-
-	if(pending == NULL) return;
-	HASH_FIND_STR(pending, h->id, p);
-	if(p == NULL) return;
-	for(i = 0; i < p->ncuts; i++){
-		if(put_cut(&h->cuts, &h->ncuts, p->cuts[i].origin, p->cuts[i].seq)) cuts_applied++;
-	}
-	drop_pending(p);
-}
-
-static void sweep_pending(int64_t now)
-{
-	struct pending_cuts *p, *tmp;
-
-	if(pending == NULL || now - pending_swept_ms < 1000) return;
-	pending_swept_ms = now;
-	HASH_ITER(hh, pending, p, tmp){
-		if(now - p->at_ms > PENDING_MS){
-			cuts_ignored += p->ncuts;
-			drop_pending(p);
-		}
-	}
-}
-
-/* The cut of `origin` for this hold; false: none yet. */
-static bool cut_of(const struct hold *h, uint64_t origin, uint64_t *seq)
-{
-	unsigned i;
-
-	for(i = 0; i < h->ncuts; i++){
-		if(h->cuts[i].origin == origin){
-			*seq = h->cuts[i].seq;
-			return true;
-		}
-	}
-	return false;
-}
-
-/* An origin's cut for `id`'s move (a kind 2 record of a batch): its hold's, in cut mode;
- * without one yet, it waits for it (PENDING_MS). Out of memory it is ignored (counted): the
- * new copy then delivers what the old one had too (duplicates, no loss). */
-void hold_cut(const char *id, uint64_t origin, uint64_t seq)
-{
-	struct hold *h = find(id);
-	struct pending_cuts *p = NULL;
-
-	if(h != NULL && h->cut_mode){
-		put_cut(&h->cuts, &h->ncuts, origin, seq) ? cuts_applied++ : cuts_ignored++;
-		return;
-	}
-	if(pending) HASH_FIND_STR(pending, id, p);
-	if(p == NULL){
-		if(HASH_COUNT(pending) >= PENDING_MAX || (p = calloc(1, sizeof(*p))) == NULL
-				|| (p->id = strdup(id)) == NULL){
-			free(p);
-			cuts_ignored++;
-			return;
-		}
-		HASH_ADD_KEYPTR(hh, pending, p->id, strlen(p->id), p);
-	}
-	p->at_ms = mono_ms();
-	if(!put_cut(&p->cuts, &p->ncuts, origin, seq)) cuts_ignored++;
 }
 
 /* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
@@ -344,9 +226,8 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 	if(live != h->live) live ? lives++ : lives--;
 	h->live = live;
 	if(!chained){
-		if(!cut && h->cut_mode) forget_cuts(h);
-		if(cut && !ring && !h->cut_mode) take_pending(h);
-		h->cut_mode = cut && !ring;
+		if(!(cut && !ring)) leave_cut_mode(h);
+		else if(!h->cut_mode && (h->move = move_open(h->id, 0)) != NULL) h->cut_mode = true;
 	}
 	if(!live) set_owed(h, &h->arm_owed, false);
 	/* the old copy of a move is held at the next tick, with its cut: until then it is old */
@@ -356,19 +237,20 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 	return 0;
 }
 
-/* The old copy of a moving session (cut mode): it still queues, but refuses what an origin
- * sent at or above its cut. 0, or -1: out of memory. */
-int hold_old(const char *id)
+/* The old copy of a moving session (cut mode): it still queues, recording what it granted,
+ * but refuses the new node's messages from that node's cut on. 0, or -1: out of memory. */
+int hold_old(const char *id, const char *new_node)
 {
 	struct hold *h = find(id);
 
-	if(h != NULL && !h->old) return 0; /* held already (or a replica, or arriving) */
-	if(h == NULL){
-		if(hold_set(id, false, false, true) != 0) return -1;
-		h = find(id);
+	if(h != NULL) return 0; /* held already (or a replica, or arriving): not an old copy */
+	if(hold_set(id, false, false, false) != 0) return -1;
+	h = find(id);
+	h->move = move_open(id, cut_origin_hash(new_node, strlen(new_node)));
+	if(h->move == NULL){ /* out of memory: a plain hold, as before cut mode */
+		return 0;
 	}
-	set_owed(h, &h->hold_owed, false);
-	h->old = true;
+	h->cut_mode = h->old = true;
 	return 0;
 }
 
@@ -453,17 +335,18 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	struct held_msg *m;
 	int64_t now;
 	bool live;
-	uint64_t origin = 0, seq = 0, cut;
+	uint64_t origin = 0, seq = 0;
 
 	if(online && lives == 0) return false; /* (no lookup) */
 	h = find(id);
 	if(h == NULL) return false;
-	if(h->old){ /* cut mode: the old copy queues, but what an origin sent from its cut on */
-		if(online || shared_check) return false;
-		if(origin_read_identity(&origin, &seq) && cut_of(h, origin, &cut) && seq >= cut){
-			cut_refused++;
+	if(h->old){ /* cut mode: the old copy queues, but the new node's messages from its cut */
+		if(online || shared_check || !origin_read_identity(&origin, &seq)) return false;
+		if(move_cut_refuses(h->move, origin, seq)){
+			cut_count_refused();
 			return true;
 		}
+		move_granted(h->move, origin, seq); /* the new copy skips it */
 		return false;
 	}
 	if(online && h->live){
@@ -535,9 +418,8 @@ void hold_tick(void)
 {
 	struct hold *h, *tmp;
 	struct held_msg *m;
-	uint64_t cut;
 
-	sweep_pending(mono_ms());
+	cut_tick(mono_ms());
 	if(owed > 0){ /* cut mode: arms and holds take effect now, each with its cut's marker */
 		HASH_ITER(hh, holds, h, tmp){
 			if(h->arm_owed){
@@ -566,8 +448,8 @@ void hold_tick(void)
 		if(!h->releasing) continue;
 		for(m = h->head; m; m = m->next){
 			if(m->at_ms < h->since_ms) continue;
-			if(m->origin && m->qos > 0 && cut_of(h, m->origin, &cut) && m->seq < cut){
-				cut_skipped++; /* below its origin's cut: the old copy had it */
+			if(h->move && m->qos > 0 && move_skips(h->move, m->origin, m->seq)){
+				cut_count_skipped(); /* the old copy had it */
 				continue;
 			}
 			/* a targeted delivery: queued for the offline session, no READ check */
@@ -589,14 +471,28 @@ void hold_tick(void)
 	}
 }
 
-void hold_cut_stats(uint64_t *applied, uint64_t *ignored, uint64_t *refused,
-		uint64_t *skipped, uint64_t *waiting)
+/* Release `id`'s live hold without what its old copy had: `granted` (its identities, from
+ * `hold_granted` there) and, per origin, what was below its cut (`cuts`: [[node, seq]]).
+ * 0, or -1: malformed. */
+int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cuts)
 {
-	*waiting = HASH_COUNT(pending);
-	*applied = cuts_applied;
-	*ignored = cuts_ignored;
-	*refused = cut_refused;
-	*skipped = cut_skipped;
+	struct hold *h = find(id);
+
+	if(h != NULL && h->move != NULL){
+		if(move_set_skips(h->move, granted, cuts) != 0) return -1;
+	}else if(move_set_skips(NULL, granted, cuts) != 0){
+		return -1;
+	}
+	hold_release(id, false, 0);
+	return 0;
+}
+
+/* What `id`'s old copy granted in cut mode (identities), or NULL: not a copy in cut mode. */
+cJSON *hold_granted(const char *id)
+{
+	struct hold *h = find(id);
+
+	return h != NULL && h->move != NULL ? move_granted_json(h->move) : NULL;
 }
 
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays)
@@ -610,20 +506,15 @@ void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *r
 void hold_clear(void)
 {
 	struct hold *h, *tmp;
-	struct pending_cuts *p, *ptmp;
 
 	HASH_ITER(hh, holds, h, tmp){
 		remove_hold(h);
 	}
+	cut_clear();
 	releasing = 0;
 	rings = 0;
-	HASH_ITER(hh, pending, p, ptmp){
-		drop_pending(p);
-	}
-	pending_swept_ms = 0;
 	armed = lives = owed = 0;
 	armed_checked_ms = 0;
-	cut_refused = cut_skipped = cuts_applied = cuts_ignored = 0;
 	origin_keep_props(false);
 	ring_bytes = ring_messages = replayed = 0;
 }

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "batch.h"
-#include "hold.h"
+#include "cut.h"
 #include "inflight.h"
 #include "inject.h"
 #include "origin.h"
@@ -226,7 +226,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	}
 	for(i = 0; i < n; i++){
 		if(m[i].cut){
-			hold_cut(m[i].cut_client, origin_node_hash(m[i].id.origin, m[i].id.origin_len),
+			cut_arrived(m[i].cut_client, cut_origin_hash(m[i].id.origin, m[i].id.origin_len),
 					m[i].id.seq);
 			continue;
 		}

@@ -70,6 +70,7 @@
 #include <string.h>
 
 #include "calib.h"
+#include "cut.h"
 #include "model.h"
 #include "origin.h"
 #include "sidecar.h"
@@ -131,7 +132,7 @@ struct inj_fp {
 	mosquitto_property *props;   /* a copy, while a ring hold exists (origin_routed_props) */
 	uint64_t publisher;          /* hash of its publisher's client id; 0: none named */
 	uint16_t publisher_len;
-	uint64_t origin;             /* origin_node_hash() of its origin node; 0: none named */
+	uint64_t origin;             /* cut_origin_hash() of its origin node; 0: none named */
 	uint64_t seq;                /* its seq there */
 };
 static struct inj_fp *inj;
@@ -340,15 +341,7 @@ const mosquitto_property *origin_routed_props(const char *topic, const void *pay
 	return fp && fp_matches(fp, topic, payload, len, qos) ? fp->props : NULL;
 }
 
-/* A node id's hash, as cuts (hold.c) and injected records name origins; never 0. */
-uint64_t origin_node_hash(const char *node, size_t len)
-{
-	uint64_t h = hash_bytes(hash_seed ^ 0x6f726967696eULL, node, len);
-
-	return h ? h : 1;
-}
-
-/* The origin (origin_node_hash) and seq of the message of the last READ check, if it was an
+/* The origin (cut_origin_hash) and seq of the message of the last READ check, if it was an
  * injected one whose record named its origin. */
 bool origin_read_identity(uint64_t *origin, uint64_t *seq)
 {
@@ -380,7 +373,7 @@ void origin_injected(const char *topic, const void *payload, uint32_t payloadlen
 	inj[inj_n].publisher_len = id->publisher_len;
 	inj[inj_n].publisher = id->publisher_len
 		? hash_bytes(hash_seed, id->publisher, id->publisher_len) : 0;
-	inj[inj_n].origin = id->origin_len ? origin_node_hash(id->origin, id->origin_len) : 0;
+	inj[inj_n].origin = id->origin_len ? cut_origin_hash(id->origin, id->origin_len) : 0;
 	inj[inj_n].seq = id->seq;
 	/* a replica's ring keeps the properties of what it refuses (hold.c); on failure it keeps
 	 * the message without them */

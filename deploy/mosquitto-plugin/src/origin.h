@@ -36,7 +36,6 @@ struct injected_id {
 void origin_injected(const char *topic, const void *payload, uint32_t payloadlen, uint8_t qos,
 		const mosquitto_property *props, const struct injected_id *id);
 bool origin_read_identity(uint64_t *origin, uint64_t *seq);
-uint64_t origin_node_hash(const char *node, size_t len);
 bool origin_read_injected(void);
 void origin_stats(struct origin_stats *s);
 void origin_cleanup(void);

@@ -1,20 +1,14 @@
-"""A moving session's cuts on a real Mosquitto (hold.c, cut mode; docs/architecture.md §5,
-"Exactly once across a move under traffic"): per origin node, the messages below its cut go
-to the session's old copy and those at or above it to the new one, so a message routed on
-both nodes while the client moves reaches it once."""
+"""A moving session's cut mode on a real Mosquitto (hold.c, cut.c; docs/architecture.md §5,
+"Exactly once across a move under traffic"): the old copy records the identities of what it
+queued and refuses the new node's messages from that node's cut on; the new copy arms at a
+tick with its own cut and, released, leaves out what the old copy had: each message once."""
 
 from __future__ import annotations
 
 import time
 
 from sidecar.local.batch import Record, cut_record, encode_batch
-from tests.system.plugin.helpers import (
-    SECRET,
-    SIDECAR_ID,
-    SIDECAR_USER,
-    RawClient,
-    inject,
-)
+from tests.system.plugin.helpers import SECRET, SIDECAR_ID, SIDECAR_USER, RawClient, inject
 
 PROBE = "$SYS/broker/mqfed/fwd-probe"
 
@@ -43,8 +37,11 @@ def forwarding(clients, broker) -> RawClient:
     return fwd
 
 
-def markers(fwd: RawClient) -> list[bytes]:
-    return [m.payload for m in fwd.received(lambda m: m.topic == PROBE)]
+def wait_marker(fwd: RawClient, payload: bytes) -> None:
+    deadline = time.monotonic() + 5
+    while payload not in [m.payload for m in fwd.received(lambda m: m.topic == PROBE)]:
+        assert time.monotonic() < deadline, f"no marker {payload!r}"
+        time.sleep(0.02)
 
 
 def offline(client_factory, sidecar, name: str, topic: str) -> None:
@@ -55,73 +52,74 @@ def offline(client_factory, sidecar, name: str, topic: str) -> None:
     sidecar.wait_type("disconnect", client=name)
 
 
-def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_went_below_an_origins_cut(
-        broker, sidecar, client_factory, clients):
-    fwd = forwarding(clients, broker)
-    inject_ = Injector(sidecar)
-    offline(client_factory, sidecar, "mover", "c/#")
-    assert sidecar.call("hold", client="mover", on=True, live=True, cut=True)["ok"]
-    inject_(*msgs("n2", "c/a", [1, 2]))          # before its client: the old copy's
-    c = client_factory("mover", session_expiry=300, clean_start=False)
-    assert c.connect() is True
-    deadline = time.monotonic() + 5
-    while markers(fwd) != [b"cut:mover"]:        # armed at the tick, with its marker
-        assert time.monotonic() < deadline, markers(fwd)
-        time.sleep(0.02)
-    inject_(*msgs("n2", "c/a", [3, 4, 5]), *msgs("n3", "c/b", [10, 11]),
-            Record("c/a", b"n2:q0", 0, seq=4, origin="n2"))   # QoS 0: kept whatever its seq
-    pub = client_factory("local-pub")
-    pub.connect()
-    pub.publish("c/l", "local", qos=1)                          # this node's: after its cut
-    inject_(cut_record("mover", "n2", 5),         # n2's messages below 5 went to the old copy
-            cut_record("someone-else", "n3", 1))  # no hold in cut mode: it waits, unused
-    time.sleep(0.3)
-    assert [m.payload for m in c.messages] == []
-    assert sidecar.call("hold", client="mover", on=False)["ok"]
-    got = c.wait_messages(lambda m: m.topic.startswith("c/"), count=5)
-    time.sleep(0.3)
-    assert [m.payload for m in c.messages] == [b"n2:5", b"n3:10", b"n3:11", b"n2:q0",
-                                               b"local"], got
-    st = sidecar.call("stats")
-    assert (st["cuts_applied"], st["cuts_pending"], st["cut_skipped"]) == (1, 1, 2)
-
-
-def test_the_old_copy_queues_below_each_cut_and_is_held_at_a_tick_with_its_own(
+def test_the_old_copy_records_what_it_queued_and_refuses_the_new_nodes_messages_from_its_cut(
         broker, sidecar, client_factory, clients):
     fwd = forwarding(clients, broker)
     inject_ = Injector(sidecar)
     offline(client_factory, sidecar, "leaver", "o/#")
-    inject_(cut_record("leaver", "n4", 1))       # before its hold: waits for it
-    assert sidecar.call("hold", client="leaver", on=True, old=True)["ok"]
-    inject_(*msgs("n2", "o/a", [1, 2]), *msgs("n4", "o/c", [1]))
-    inject_(cut_record("leaver", "n2", 4), *msgs("n2", "o/a", [3, 4, 5]),
-            *msgs("n3", "o/b", [7]))              # n3 has not cut: its messages still come
+    inject_(cut_record("leaver", "n4", 2))        # the new node's cut, before the old copy knew
+    assert sidecar.call("hold", client="leaver", on=True, old_for="n4")["ok"]
+    inject_(*msgs("n2", "o/a", [1, 2]), *msgs("n4", "o/c", [1, 2, 3]),
+            cut_record("leaver", "n2", 1))        # not the new node's: ignored
     pub = client_factory("local-pub")
     pub.connect()
     pub.publish("o/l", "local-1", qos=1)
     time.sleep(0.2)
-    assert sidecar.call("hold", client="leaver", on=True, cut=True)["ok"]   # held at the tick
-    deadline = time.monotonic() + 5
-    while markers(fwd) != [b"cut:leaver"]:
-        assert time.monotonic() < deadline, markers(fwd)
-        time.sleep(0.02)
+    assert sidecar.call("hold", client="leaver", on=True, cut=True)["ok"]  # at the tick
+    wait_marker(fwd, b"cut:leaver")
     pub.publish("o/l", "local-2", qos=1)          # after its own cut: the new copy's
-    inject_(*msgs("n3", "o/b", [8]))
-    time.sleep(0.2)
+    inject_(*msgs("n3", "o/b", [8]))              # held now: refused
+    granted = sidecar.call("granted", client="leaver")["granted"]
+    assert [seq for _, seq in granted] == [1, 2, 1] and len({o for o, _ in granted}) == 2
     assert sidecar.call("hold", client="leaver", on=False)["ok"]
     again = client_factory("leaver", session_expiry=300, clean_start=False)
     assert again.connect() is True
-    again.wait_messages(lambda m: m.topic.startswith("o/"), count=5)
+    again.wait_messages(lambda m: m.topic.startswith("o/"), count=4)
     time.sleep(0.3)
-    assert [m.payload for m in again.messages] == [b"n2:1", b"n2:2", b"n2:3", b"n3:7",
-                                                   b"local-1"]
-    assert sidecar.call("stats")["cut_refused"] == 3
+    assert [m.payload for m in again.messages] == [b"n2:1", b"n2:2", b"n4:1", b"local-1"]
+    st = sidecar.call("stats")
+    assert (st["cut_refused"], st["cuts_applied"], st["cuts_ignored"]) == (2, 1, 1), st
 
 
-def test_hold_refuses_bad_cut_options(broker, sidecar):
-    for bad in ({"cut": "yes"}, {"old": 1}, {"old": True, "on": False}):
+def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_the_old_copy_had(
+        broker, sidecar, client_factory, clients):
+    fwd = forwarding(clients, broker)
+    inject_ = Injector(sidecar)
+    # an old copy on this broker gives the identities in the form an old node sends them
+    offline(client_factory, sidecar, "oldie", "x/#")
+    assert sidecar.call("hold", client="oldie", on=True, old_for="n9")["ok"]
+    inject_(*msgs("n3", "x/a", [10]))
+    granted = sidecar.call("granted", client="oldie")["granted"]
+    offline(client_factory, sidecar, "mover", "c/#")
+    assert sidecar.call("hold", client="mover", on=True, live=True, cut=True)["ok"]
+    inject_(*msgs("n2", "c/a", [1, 2]))           # before its client: the old copy's
+    c = client_factory("mover", session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    wait_marker(fwd, b"cut:mover")                # armed at the tick, with its cut
+    inject_(*msgs("n2", "c/a", [3, 4, 5]), *msgs("n3", "c/b", [10, 11]),
+            Record("c/a", b"n2:q0", 0, seq=4, origin="n2"))   # QoS 0: the old copy drops it
+    pub = client_factory("local-pub")
+    pub.connect()
+    pub.publish("c/l", "local", qos=1)            # this node's, after its cut: its own
+    time.sleep(0.3)
+    assert [m.payload for m in c.messages] == []
+    # the old node (n2) had its own messages below 5 and n3's 10
+    assert sidecar.call("hold", client="mover", on=False, granted=granted,
+                        cuts=[["n2", 5]])["ok"]
+    c.wait_messages(lambda m: m.topic.startswith("c/"), count=4)
+    time.sleep(0.3)
+    assert [m.payload for m in c.messages] == [b"n2:5", b"n3:11", b"n2:q0", b"local"]
+    assert sidecar.call("stats")["cut_skipped"] == 3
+    assert sidecar.call("hold", client="oldie", on=False)["ok"]
+
+
+def test_cut_options_and_releases_are_checked(broker, sidecar):
+    for bad in ({"cut": "yes"}, {"old_for": ""}, {"old_for": 3}, {"old_for": "n2", "on": False},
+                {"granted": [["zz", 1]], "on": False}, {"granted": [["0" * 16, -1]], "on": False},
+                {"cuts": [["n2"]], "on": False}, {"cuts": [["n2", 1]], "on": True}):
         reply = sidecar.call("hold", **{"client": "c", "on": True, **bad})
         assert reply["ok"] is False and reply["error"] == "bad_request", (bad, reply)
+    assert sidecar.call("granted", client="nobody")["error"] == "not_moving"
 
 
 def test_a_malformed_cut_refuses_its_batch(broker, sidecar):
