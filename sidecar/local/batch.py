@@ -9,8 +9,8 @@ docs/plugin-protocol.md, "Batches". Little-endian framing:
              [u16 origin_len origin: with flag bit 3] u32 props_len props u32 payload_len payload
 
 A cut (kind 2, docs/architecture.md §5 "Exactly once across a move under traffic") names the
-session's client id as `client`, the node that cut as `origin` and the cut as `seq`; its
-topic, properties and payload are empty, its hlc 0.
+session's client id as `client`, the node that cut as `origin`, the cut as `seq` and when it
+was made as `hlc`; its topic, properties and payload are empty.
 
 `props` is the MQTT v5 property encoding (big-endian fields, one-byte identifiers) of what a
 PUBLISH may carry to a subscriber. The sidecar publishes a batch to `$CONTROL/mqfed/inject`;
@@ -63,10 +63,11 @@ class Record(NamedTuple):
     """The node it was published on (with a cut: the node that cut); "": not said."""
 
 
-def cut_record(client: str, origin: str, seq: int) -> Record:
+def cut_record(client: str, origin: str, seq: int, hlc: int = 0) -> Record:
     """A session's cut: `origin`'s messages below `seq` go to `client`'s old copy, the rest to
-    its new one."""
-    return Record("", b"", 0, seq=seq, client=client, kind=KIND_CUT, origin=origin)
+    its new one; `hlc`: when `origin` made it (an older cut than the client's disconnect
+    there is another move's)."""
+    return Record("", b"", 0, seq=seq, hlc=hlc, client=client, kind=KIND_CUT, origin=origin)
 
 
 def _mqtt_str(data: bytes) -> bytes:

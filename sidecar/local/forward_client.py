@@ -53,13 +53,14 @@ from sidecar.local.reinjection import (
 )
 from sidecar.local.shards import MID_BITS, mid_range
 from sidecar.message import MessageProperties
-from sidecar.routing.forwarder import LocalCopy
+from sidecar.routing.forwarder import CutMarker, LocalCopy
 
 log = logging.getLogger("mqfed.forward")
 
 FORWARD_SESSION_EXPIRY = 3600
 BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
+CUT_PREFIX = b"cut:"  # a probe carrying a moving session's cut (plugin hold.c, cut mode)
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
 _ID_AND_OPTIONS = itemgetter(1, 2)  # (subscription id, no local) of a subscribe_many triple
 PACKET_FILTERS = 256
@@ -110,7 +111,7 @@ class ForwardClient:
     """Forwarding subscriptions in, re-injections out; copies handed to asyncio in batches."""
 
     def __init__(self, socket_path: Path, secret: str, client_id: str,
-                 on_copies: Callable[[list[LocalCopy]], None],
+                 on_copies: Callable[[list[LocalCopy | CutMarker]], None],
                  on_published: Callable[[list[int]], None],
                  on_connected: Callable[[bool], None], receive_maximum: int = 20,
                  max_queued: int = 0, mid_base: int = 0, clean_start: bool = False) -> None:
@@ -132,7 +133,7 @@ class ForwardClient:
         self.on_published = on_published
         self.on_connected = on_connected
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._copies: list[LocalCopy] = []
+        self._copies: list[LocalCopy | CutMarker] = []
         self._probes: dict[bytes, asyncio.Future] = {}  # barrier probes awaited
         self._probed: list[bytes] = []  # arrived, resolved at the next flush
         self._injecting: dict[int, asyncio.Future] = {}  # batch id -> the plugin's reply
@@ -216,7 +217,11 @@ class ForwardClient:
             return
         if msg.topic == PROBE_TOPIC:
             self.tracker.on_probe(msg.mid)
-            if msg.payload in self._probes:  # a barrier: resolved once the copies before it
+            if msg.payload.startswith(CUT_PREFIX):  # in order with the copies
+                client_id = msg.payload[len(CUT_PREFIX):].decode("utf-8", "replace")
+                self._copies.append(CutMarker(client_id))
+                self._schedule()
+            elif msg.payload in self._probes:  # a barrier: resolved once the copies before it
                 self._probed.append(msg.payload)  # have been handed over (`_flush`)
                 self._schedule()
             recover = self.tracker.holding

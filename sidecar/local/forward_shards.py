@@ -27,7 +27,7 @@ from sidecar.journal.confirmations import Confirmations
 from sidecar.local.forward_client import ForwardClient
 from sidecar.local.shards import client_ids, global_mid, shard_of, split_mid
 from sidecar.message import MessageProperties
-from sidecar.routing.forwarder import LocalCopy
+from sidecar.routing.forwarder import CutMarker, LocalCopy
 
 
 def _ignore(_tickets: list[int]) -> None:
@@ -50,7 +50,7 @@ class ForwardShards:
     """K forwarding connections behind the surface routing uses of one."""
 
     def __init__(self, socket_path: Path, secret: str, sidecar_id: str, shards: int, *,
-                 on_copies: Callable[[list[LocalCopy]], None],
+                 on_copies: Callable[[list[LocalCopy | CutMarker]], None],
                  on_published: Callable[[list[int]], None],
                  on_connected: Callable[..., None], receive_maximum: int = 20,
                  max_queued: int = 0, layout_file: Path | None = None) -> None:

@@ -16,6 +16,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_CUTS,
     SESSION_ORDER,
     SESSION_REPLICAS,
     SESSIONS,
@@ -44,6 +45,8 @@ MISSING_MEANS: dict[str, str] = {
     INTEREST_CHUNKS: "interest snapshots go in one frame; no interest lag is measured",
     SESSION_ORDER: "a client moving from the older node gets the messages routed to it on "
                    "the new one meanwhile before the queue it left behind",
+    SESSION_CUTS: "a client moving between them under traffic may get some messages twice "
+                  "(those routed to both of its copies while it moved)",
     CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
               "there between the SUBACK and then are missed)",
 }

@@ -46,7 +46,8 @@ def encode_envelope(env: Envelope) -> bytes:
         content_type=props.content_type, payload_format_indicator=props.payload_format,
         correlation_data=props.correlation_data, response_topic=props.response_topic,
         message_expiry=props.message_expiry, shared_group=env.shared_group,
-        shared_filter=env.shared_filter, publisher=env.publisher,
+        shared_filter=env.shared_filter, publisher=env.publisher, first_seq=env.first_seq,
+        cut_client=env.cut_client,
     )
     return msg.SerializeToString()
 
@@ -80,7 +81,7 @@ def decode_envelope(msg: peer_pb2.Envelope) -> Envelope:
         msg.origin_node, msg.origin_incarnation, msg.origin_seq, msg.hlc, msg.topic,
         msg.payload, msg.qos, msg.retain, props,
         msg.shared_group if has("shared_group") else None, msg.shared_filter,
-        publisher=msg.publisher,
+        publisher=msg.publisher, first_seq=msg.first_seq, cut_client=msg.cut_client,
     )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "RefuseCode",
     "RETAINED",
     "SESSIONS",
+    "SESSION_CUTS",
     "SESSION_ORDER",
     "SESSION_REPLICAS",
     "WILLS",
@@ -73,8 +74,14 @@ field."""
 SESSION_ORDER = "session-order"
 """The old owner marks its last SessionBacklog frame of a hand-over (`last`), even an empty
 one: the new owner keeps what reaches the moved client until then (order as on one broker)."""
+SESSION_CUTS = "session-cuts"
+"""The node re-injects peers' messages as batches naming each one's identity, and takes a
+moving session's cut (envelopes with `first_seq`, `cut_client`; SessionBacklog's `cut_seq`
+and granted identities): a client moving between two such nodes under traffic gets each
+message once (docs/architecture.md §5). Listed only with `routing.inject_batches` on."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
-                                          SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER})
+                                          SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER,
+                                          SESSION_CUTS})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

@@ -41,6 +41,15 @@ class LocalCopy:
 
 
 @dataclass(frozen=True)
+class CutMarker:
+    """In the forwarding connection's copies, in order: the plugin's cut for a moving
+    session (`cut:<client>`, docs/architecture.md §5 cut mode): every copy Mosquitto routed
+    before the cut is ahead of it, every later one behind."""
+
+    client: str
+
+
+@dataclass(frozen=True)
 class Envelope:
     """A message on its way to a peer (the adapter turns it into `peer.proto`'s Envelope)."""
 
@@ -59,6 +68,11 @@ class Envelope:
     """A session backlog's copy only: the Subscription Identifiers it was queued with."""
     publisher: str = ""
     """The publisher's client id, where the origin knows it ("": unknown): No Local."""
+    first_seq: int = 0
+    """The seq it first went under (kept when a catch-up renumbers it; 0: a replay): with
+    `origin_node`, its identity for a moving session's cut mode."""
+    cut_client: str = ""
+    """Not a message: this origin's cut for `cut_client`'s move (at its own seq)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +175,7 @@ class Forwarder:
         for peer, group, shared_filter in targets:
             env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
                            copy.qos, copy.retain, copy.properties, group, shared_filter,
-                           publisher=copy.publisher)
+                           publisher=copy.publisher, first_seq=seq)
             actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
         for key in local:  # as Mosquitto would have, had it picked a local member
             self.local_shared += 1
@@ -193,6 +207,18 @@ class Forwarder:
         if shared is not None:
             self._shared[(env.origin_seq, peer)] = (env, {peer})
         return QueueEnvelope(peer, env)
+
+    def cut(self, client: str, peer: str | None, wall_ms: int) -> tuple[int, QueueEnvelope | None]:
+        """A moving session's cut here (docs/architecture.md §5, cut mode): every message
+        forwarded so far went under a smaller seq, every later one a larger; `peer`, the
+        other node of the move, gets it behind those before (None: nobody)."""
+        self._seq += 1
+        seq = self._seq
+        if peer is None:
+            return seq, None
+        return seq, QueueEnvelope(peer, Envelope(
+            self.node_id, self.incarnation, seq, self.clock.now(wall_ms).pack(), "", b"", 1,
+            first_seq=seq, cut_client=client))
 
     def renumber(self, action: SendEnvelope | QueueEnvelope) -> SendEnvelope | QueueEnvelope:
         """The same action under a new seq (an action held while a catch-up ran: the peer's

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sidecar.local.batch import Record, encode_batch, encode_record
+from sidecar.local.batch import Record, cut_record, encode_batch, encode_record
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.inject_room import GIVE_UP_AFTER, PROBE_AFTER, QueueRoom
 
@@ -32,6 +32,16 @@ log = logging.getLogger("mqfed.routing")
 REPLY_TIMEOUT = 10.0
 MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB limit: ~28 MiB)
 MAX_BATCH_RECORDS = 10_000
+
+
+def record_of(env: Envelope) -> Record:
+    """The batch record of a peer's message: named by its publisher (No Local) and by its
+    identity (origin node and first seq: a moving session's cut mode), where it has them."""
+    if env.cut_client:
+        return cut_record(env.cut_client, env.origin_node, env.first_seq, env.hlc)
+    return Record(env.topic, env.payload, env.qos, seq=env.first_seq, hlc=env.hlc,
+                  client=env.publisher, properties=env.properties,
+                  origin=env.origin_node if env.first_seq else "")
 
 
 class Injector(Protocol):
@@ -95,10 +105,7 @@ class BatchInjection:
             limit = min(room, MAX_BATCH_RECORDS)
             while pending and len(chunk) < limit:
                 env = pending[0][1]
-                rec = carried or encode_record(Record(env.topic, env.payload, env.qos,
-                                                      seq=env.origin_seq, hlc=env.hlc,
-                                                      client=env.publisher,
-                                                      properties=env.properties))
+                rec = carried or encode_record(record_of(env))
                 carried = None
                 if chunk and size + len(rec) > MAX_BATCH_BYTES:
                     carried = rec

@@ -34,6 +34,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_CUTS,
     SESSIONS,
     WILLS,
     Accept,
@@ -50,6 +51,7 @@ from sidecar.routing.catchup_wiring import CatchUpWiring
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
+    CutMarker,
     DeliverLocalShared,
     Envelope,
     Forwarder,
@@ -168,9 +170,13 @@ class RoutingService(CatchUpWiring):
         self._ack_timer: asyncio.TimerHandle | None = None
         self.last_copy_at = 0.0  # monotonic time Mosquitto last handed us messages
         self.on_peer_hello: Callable[[Hello], None] = lambda hello: None  # (admin directory)
+        # a moving session's cut mode (sessions): whom this node's cut for a client goes to,
+        # and the cut's seq once made (docs/architecture.md §5)
+        self.cut_target: Callable[[str], str | None] = lambda client: None
+        self.on_cut: Callable[[str, int], None] = lambda client, seq: None
         self._tasks: list[asyncio.Task] = []
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
-                          "shared_member_gone": 0, "too_large": 0}
+                          "shared_member_gone": 0, "too_large": 0, "cuts": 0}
         self._too_large_logged = -TOO_LARGE_LOG_EVERY
         self._invalid_logged = -TOO_LARGE_LOG_EVERY
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
@@ -524,11 +530,14 @@ class RoutingService(CatchUpWiring):
         """Messages from Mosquitto not yet settled with every target peer."""
         return self.forwarder.pending
 
-    def _on_copies(self, copies: list[LocalCopy]) -> None:
+    def _on_copies(self, copies: list[LocalCopy | CutMarker]) -> None:
         self.last_copy_at = time.monotonic()
         wall_ms = int(time.time() * 1000)
         down = [p for p in self.queues if not self.transport.connected(p)]
         for copy in copies:
+            if isinstance(copy, CutMarker):
+                self._cut(copy.client, wall_ms)
+                continue
             actions = self.forwarder.on_copy(copy, wall_ms, down)
             if copy.properties.user:  # the only cost for untraced messages
                 self._trace_copy(copy.properties.user, actions)
@@ -540,6 +549,18 @@ class RoutingService(CatchUpWiring):
                                   (e.origin_node, e.origin_incarnation, e.origin_seq))
             self._run_forward(actions)
         self._flush()  # now: this is already a batch, and a loop turn costs latency
+
+    def _cut(self, client: str, wall_ms: int) -> None:
+        """The plugin cut here for `client`'s move (in order with the copies): the other node
+        of the move, if it takes cuts, gets it behind every message forwarded before."""
+        peer = self.cut_target(client)
+        if peer is not None and peer not in self.peers_with(SESSION_CUTS):
+            peer = None
+        seq, action = self.forwarder.cut(client, peer, wall_ms)
+        self._counters["cuts"] += 1
+        if action is not None:
+            self._run_forward([action], hold=False)  # never behind a catch-up: in order
+        self.on_cut(client, seq)
 
     def _trace_copy(self, user: tuple[tuple[str, str], ...], actions) -> None:
         trace = trace_id(user)
@@ -746,6 +767,14 @@ class RoutingService(CatchUpWiring):
             self.hop_latency.observe(now_ms - (msg.hlc >> 16))
             trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
             env = peer_frames.decode_envelope(msg)
+            if env.cut_client:  # a moving session's cut: into the plugin in order
+                if batch is None:
+                    self._run_receive(receiver.refuse(peer, env, now))
+                    continue
+                ticket = self.injection.ticket()
+                batch.append((ticket, env))
+                receiver.on_reinjecting(ticket, peer, env)
+                continue
             problem = publish_problem(env.topic, env.qos, env.properties)
             if problem is not None:
                 self._run_receive(receiver.refuse(peer, env, now))

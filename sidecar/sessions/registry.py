@@ -99,6 +99,8 @@ class Hold:
     ring: bool = False
     since_ms: int | None = None
     live: bool = False
+    source: str = ""
+    """A live hold: the node the client comes from (which hands its queue over)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,7 +589,7 @@ class SessionRegistry:
             self.live_held.add(client)
         else:
             self.live_held.discard(client)
-        return Hold(client, True, live=live)
+        return Hold(client, True, live=live, source=record.owner if live else "")
 
     def _unlive(self, client: str, moved_on: bool = False) -> None:
         """`client` is no longer held live here (`moved_on`: its client went elsewhere

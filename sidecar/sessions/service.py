@@ -30,10 +30,11 @@ from sidecar.local.events import (
     deliver_item,
 )
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
-from sidecar.peering.handshake import SESSION_ORDER
+from sidecar.peering.handshake import SESSION_CUTS, SESSION_ORDER
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.sessions import wire
+from sidecar.sessions.cuts import MoveCuts
 from sidecar.sessions.record import SessionRecord, replica_subscriptions
 from sidecar.sessions.registry import (
     Admit,
@@ -168,6 +169,8 @@ class SessionService:
                          "unreleased_received": 0, "unreleased_refused": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
+        self.cuts = MoveCuts()  # a moving session's cut mode (wired to routing by the node)
+        self.cuts_on = False  # this node injects peers' messages as batches (node sets)
         self._counting = False
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -341,8 +344,13 @@ class SessionService:
                 extra: dict[str, Any] = {"ring": True} if action.ring else {}
                 if action.live:
                     extra["live"] = True
+                    if self._cuts_with(action.source):  # arms with its cut (cuts.py)
+                        extra["cut"] = True
+                        self.cuts.arriving[action.client] = action.source
                 if action.since_ms is not None:
                     extra["since_ms"] = action.since_ms
+                if not action.on and action.since_ms is None:
+                    extra.update(self.cuts.release(action.client))
                 self._chain(action.client, self._command("hold", client=action.client,
                                                          on=action.on, **extra))
             elif isinstance(action, Materialize):
@@ -504,10 +512,22 @@ class SessionService:
                             "stream went down, or it is slower than %.0f s); going on",
                             SYNC_TIMEOUT, extra={"peer": peer, "client": client})
 
+    def _cuts_with(self, peer: str) -> bool:
+        """Whether a move between this node and `peer` runs in cut mode (cuts.py)."""
+        return self.cuts_on and SESSION_CUTS in (self.transport.capabilities(peer) or ())
+
     async def _drain(self, action: Drain) -> None:
         ok = False
-        await self._sync(action.client)
-        await self._command("hold", client=action.client, on=True)
+        client = action.client
+        cut_mode = self._cuts_with(action.owner)
+        await self._sync(client)
+        cut, granted = None, []
+        if cut_mode:
+            cut = await self.cuts.own_cut(client, lambda: self._command(
+                "hold", client=client, on=True, cut=True))
+            granted = await self._granted(client)
+        else:
+            await self._command("hold", client=client, on=True)
         unreleased = await self._unreleased(action.client)
         record = self.registry.records.get(action.client)
         try:
@@ -521,11 +541,21 @@ class SessionService:
             try:
                 ok = await self._hand_over(action.client, action.owner,
                                            without_resent(shadow.messages, unreleased),
-                                           unreleased)
+                                           unreleased, (cut, granted))
             finally:
                 await self.shadows.finish(shadow, ok)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
+
+    async def _granted(self, client: str) -> list[tuple[str, int]]:
+        """The identities of the peers' messages this old copy queued (plugin `granted`)."""
+        try:
+            reply = await self.request("granted", timeout=5.0, client=client)
+            return [(str(o), int(s)) for o, s in reply.fields.get("granted", [])]
+        except Exception as exc:  # noqa: BLE001 - the new copy then skips fewer: duplicates
+            log.info("asking the plugin what a moving session queued failed: %s", exc,
+                     extra={"client": client})
+            return []
 
     async def _unreleased(self, client: str) -> list[Unreleased]:
         """QoS 2 messages the client left here between PUBREC and PUBREL (plugin `unreleased`;
@@ -545,7 +575,8 @@ class SessionService:
             log.debug("forgetting released messages failed: %s", exc, extra={"client": client})
 
     async def _hand_over(self, client: str, owner: str, queued: list,
-                         unreleased: list[Unreleased] | tuple = ()) -> bool:
+                         unreleased: list[Unreleased] | tuple = (),
+                         cut: tuple[int | None, list[tuple[str, int]]] = (None, [])) -> bool:
         """Send a drained session's queue to its new owner, in frames of at most
         BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
         first frame also carries the messages waiting for their release, the last one says
@@ -566,8 +597,9 @@ class SessionService:
         parts = list(_batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES)) if envs \
             else [[]]
         for i, part in enumerate(parts):
-            ok = await self._hand_over_part(client, owner, part, first,
-                                            ordered and i == len(parts) - 1)
+            last = ordered and i == len(parts) - 1
+            ok = await self._hand_over_part(client, owner, part, first, last,
+                                            cut if last else (None, []))
             if ok and first:  # the new owner has them: a retried drain must not send them again
                 await self._forget_unreleased(client, [u.packet_id for u, _ in first])
             first = []
@@ -582,13 +614,15 @@ class SessionService:
 
     async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
                               unreleased: list[tuple[Unreleased, Envelope]],
-                              last: bool = False) -> bool:
+                              last: bool = False,
+                              cut: tuple[int | None, list[tuple[str, int]]] = (None, [])
+                              ) -> bool:
         exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
         try:
             if not self._send(owner, wire.backlog_frame(client, exchange, envs, unreleased,
-                                                        last)):
+                                                        last, *cut)):
                 raise ConnectionError(f"no stream to {owner}")
             self.counters["backlog_frames"] += 1
             return bool(await asyncio.wait_for(
@@ -627,6 +661,7 @@ class SessionService:
                 break
             self.counters["backlog_received"] += len(batch)
         if ok and msg.last:  # the whole queue is in: what reached the client meanwhile follows
+            self.cuts.on_last_backlog(peer, msg)  # ...but for what the old copy had
             self._run(self.registry.on_backlog_in(msg.client, _wall_ms()))
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 
@@ -693,7 +728,7 @@ class SessionService:
             counts = self.registry.status(_wall_ms())
             self._counts = (time.monotonic(), counts)
         out: dict[str, Any] = {**counts, **self.registry.counters, **self.counters,
-                               "queued_here": self.queued_here}
+                               **self.cuts.counters, "queued_here": self.queued_here}
         records = self.registry.records
         if len(records) <= DETAIL_LIMIT:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)

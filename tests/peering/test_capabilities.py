@@ -13,6 +13,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_CUTS,
     SESSION_ORDER,
     SESSION_REPLICAS,
     SESSIONS,
@@ -40,10 +41,11 @@ def test_every_frame_body_of_a_feature_names_its_capability():
         wanted = next((cap for p, cap in prefixes.items() if name.startswith(p)), None)
         wanted = {"interest_applied": INTEREST_CHUNKS, "node_state": DRAIN}.get(name, wanted)
         assert FRAME_FIELDS.get(number) == wanted, name
-    # session-replicas, session-order and catch-up have no frame of their own (catch-up is a
-    # field of interest entries, session-order one of session backlogs: an older node
-    # ignores them)
-    assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS, CATCH_UP, SESSION_ORDER} \
+    # session-replicas, session-order, session-cuts and catch-up have no frame of their own
+    # (catch-up is a field of interest entries, session-order one of session backlogs,
+    # session-cuts fields of envelopes and backlogs: an older node ignores them)
+    assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS, CATCH_UP, SESSION_ORDER,
+                                         SESSION_CUTS} \
         == CAPABILITIES \
         == set(MISSING_MEANS)
 
@@ -71,9 +73,9 @@ def test_a_1_1_peer_gets_retained_and_session_frames_but_no_wills():
     old = accept(1, frozenset({INTEREST_CHUNKS}))
     assert old.capabilities == {INTEREST_CHUNKS, RETAINED, SESSIONS}
     assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN, CATCH_UP,
-                                                     SESSION_ORDER})
+                                                     SESSION_ORDER, SESSION_CUTS})
     assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == \
-        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER}
+        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS}
     assert accept(0, frozenset()).capabilities == frozenset()
 
 

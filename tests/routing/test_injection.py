@@ -29,7 +29,7 @@ class FakeInjector:
 
 
 def env(i: int, qos: int = 1, size: int = 10) -> Envelope:
-    return Envelope("n1", 7, i, i << 16, f"t/{i}", b"x" * size, qos)
+    return Envelope("n1", 7, i, i << 16, f"t/{i}", b"x" * size, qos, first_seq=i)
 
 
 def run(coro):
@@ -150,3 +150,18 @@ def test_a_record_names_the_messages_publisher_where_the_origin_knew_it():
         (_, data, _), = fake.sent
         return [r.client for r in decode_batch(data)[1]]
     assert run(main()) == ["dev-7", ""]
+
+
+def test_records_carry_identities_and_cuts():
+    """A message's record names its origin and first seq (a moving session's cut mode), a
+    replay (first seq 0) neither; a cut envelope is a cut record."""
+    async def main():
+        fake = FakeInjector()
+        inj = BatchInjection(fake, [].extend, [].extend)
+        inj.send([(inj.ticket(), replace(env(3), origin_seq=9)),
+                  (inj.ticket(), replace(env(4), first_seq=0)),
+                  (inj.ticket(), Envelope("n2", 1, 12, 0, "", b"", 1, first_seq=12,
+                                          cut_client="dev-1"))])
+        (_, data, _), = fake.sent
+        return [(r.kind, r.origin, r.seq, r.client) for r in decode_batch(data)[1]]
+    assert run(main()) == [(1, "n1", 3, ""), (1, "", 0, ""), (2, "n2", 12, "dev-1")]

@@ -290,7 +290,7 @@ def test_a_moved_client_gets_the_old_queue_before_what_reaches_it_meanwhile():
     """Its copy is held live until the old owner's last backlog frame is in: the plugin keeps
     what reaches the client there until then."""
     c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
-    assert c.take("n3", Hold) == [Hold("dev", True, live=True)]
+    assert c.take("n3", Hold) == [Hold("dev", True, live=True, source="n1")]
     c.connect("n3", "dev", present=True)
     assert c.take("n3", Hold) == []  # still held: the old queue comes first
     assert c.take("n1", Drain) == [Drain("dev", "n3", ())]

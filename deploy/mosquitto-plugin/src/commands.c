@@ -490,23 +490,15 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	const cJSON *cut = cJSON_GetObjectItemCaseSensitive(req, "cut");
 	const cJSON *granted = cJSON_GetObjectItemCaseSensitive(req, "granted");
 	const cJSON *cuts = cJSON_GetObjectItemCaseSensitive(req, "cuts");
-	const char *old_for = get_str(req, "old_for");
 
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
 			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))
 			|| (cut && !cJSON_IsBool(cut))
-			|| (cJSON_GetObjectItemCaseSensitive(req, "old_for") && (old_for == NULL
-					|| *old_for == '\0' || !cJSON_IsTrue(on)))
 			|| ((granted || cuts) && (cJSON_IsTrue(on) || since))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	if(old_for){ /* a moving session's old copy, in cut mode; `old_for`: the new node */
-		if(hold_old(client, old_for) != 0){
-			reply_error(rq, "internal");
-			return;
-		}
-	}else if(granted || cuts){ /* a new copy's release without what the old copy had */
+	if(granted || cuts){ /* a new copy's release without what the old copy had */
 		if(hold_release_skipping(client, granted, cuts) != 0){
 			reply_error(rq, "bad_request");
 			return;
@@ -533,7 +525,7 @@ static void cmd_granted(const struct request *rq, const cJSON *req)
 		reply_error(rq, "bad_request");
 		return;
 	}
-	list = hold_granted(client);
+	list = cut_granted_json(client);
 	if(list == NULL){
 		reply_error(rq, "not_moving");
 		return;

@@ -1,28 +1,33 @@
-/* A moving session's cuts and identities (hold.c's cut mode; docs/architecture.md §5,
- * "Exactly once across a move under traffic").
+/* A moving session's identities and cuts (docs/architecture.md §5, "Exactly once across a
+ * move under traffic"; hold.c's cut mode uses them).
  *
  * A message injected from a batch is known by its identity: its origin node (a hash of the
  * node id, the same on every node) and its seq there (the forwarder's first seq: the same in
- * every peer's copy). While a client moves from an old node to a new one:
- * - the old copy records the identities it granted (`move_granted`), which the new copy skips
- *   when it releases what it kept (`move_set_skips`, `move_skips`): each message once;
- * - the new node's own messages have no identity there (they are local), so it cuts them: the
- *   old copy refuses the new node's messages from its cut on (`move_cut`), and the new copy,
- *   armed at that cut, keeps them;
- * - the old node's own messages likewise: its cut (from its hold's marker) comes in the last
- *   hand-over frame, and the new copy skips that origin's messages below it.
- * The new node's cut reaches the old one in its stream, in order, possibly before the old
- * node learnt of the move: it then waits for the old copy's `hold old` (move_open), at
- * most CUT_PENDING_MS. */
+ * every peer's copy). While a client moves from an old node to a new one, messages reach both
+ * of its copies; each must reach it once:
+ * - the old copy records the identities of what it queues from its client's disconnect on
+ *   (`cut_on_disconnect`, `cut_note_granted`: the newest GRANTED_MAX), and the new copy,
+ *   released, leaves those out of what it kept (`move_set_skips`, `move_skips`);
+ * - the new node's own messages have no identity there (they are local), so it cuts them:
+ *   its cut (a seq) comes to the old node in its stream, in order, and the old copy refuses
+ *   the new node's messages from it on (`cut_arrived`, `cut_refuses`); the new copy, armed at
+ *   that cut, keeps them;
+ * - the old node's own messages likewise: its cut comes in the last hand-over frame, and the
+ *   new copy leaves out that node's messages below it (`move_set_skips`).
+ * A cut can come before its client's disconnect (a takeover: the new connect first): it then
+ * waits for it, at most CUT_PENDING_MS. One older than the disconnect is a stale one (a
+ * stream that was down): ignored. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cut.h"
+#include "model.h"
 
-#define CUT_PENDING_MS 10000               /* a cut waits this long for its old copy */
-#define CUT_PENDING_MAX 10000u             /* clients with a cut waiting */
-#define GRANTED_MAX 200000u                /* identities an old copy records (then: duplicates) */
+#define CUT_PENDING_MS 10000               /* a cut waits this long for its client to leave */
+#define CUT_SKEW_MS 1000                   /* clock skew between nodes allowed for a cut */
+#define ENTRIES_MAX 100000u                /* clients recorded or with a cut waiting */
+#define GRANTED_MAX 8192u                  /* identities an offline session keeps (the newest) */
 #define ORIGIN_SEED 0x6d71666564637574ULL  /* "mqfedcut": the same hash on every node */
 
 struct ident {
@@ -33,22 +38,22 @@ struct ident {
 struct move {
 	UT_hash_handle hh;
 	char *id;                  /* its client */
-	bool open;                 /* a hold in cut mode has it; else a cut waiting for one */
-	int64_t at_ms;             /* (waiting) when the cut came */
-	uint64_t cut_from;         /* the new node (old copy: whose cut applies) */
-	bool have_cut;
+	bool open;                 /* a new copy's live hold in cut mode (hold.c) */
+	bool recording;            /* its client left: its session's grants are recorded */
+	int64_t since_ms;          /* (recording) the disconnect, wall clock */
+	bool have_cut;             /* the new node's cut came */
+	uint64_t cut_origin;
 	uint64_t cut;
-	uint64_t early_origin;     /* (waiting) the cut that came before the hold: whose */
-	struct ident *granted;     /* old copy: what it granted, in order */
-	size_t ngranted, granted_cap;
-	struct ident *skips;       /* new copy: what the old copy had, sorted */
+	int64_t cut_at;            /* (monotonic) when it came */
+	struct ident *granted;     /* what the session queued: a ring of the newest */
+	size_t ngranted, granted_cap, granted_next;
+	struct ident *skips;       /* a new copy's release: what the old copy had, sorted */
 	size_t nskips;
-	struct ident *cuts;        /* new copy: origins whose messages below `seq` it had */
+	struct ident *cuts;        /* ...and origins whose messages below `seq` it had */
 	size_t ncuts;
 };
 
 static struct move *moves;
-static unsigned waiting;           /* moves that are only a cut waiting for its hold */
 static int64_t swept_ms;
 static uint64_t applied, ignored, refused, skipped;
 
@@ -69,7 +74,6 @@ struct move *move_find(const char *id)
 
 static void move_free(struct move *m)
 {
-	if(!m->open) waiting--;
 	HASH_DEL(moves, m);
 	free(m->granted);
 	free(m->skips);
@@ -78,38 +82,41 @@ static void move_free(struct move *m)
 	free(m);
 }
 
-static struct move *move_add(const char *id)
+static struct move *move_get(const char *id)
 {
-	struct move *m = calloc(1, sizeof(*m));
+	struct move *m = move_find(id);
 
+	if(m != NULL) return m;
+	if(HASH_COUNT(moves) >= ENTRIES_MAX) return NULL;
+	m = calloc(1, sizeof(*m));
 	if(m == NULL || (m->id = strdup(id)) == NULL){
 		free(m);
 		return NULL;
 	}
 	HASH_ADD_KEYPTR(hh, moves, m->id, strlen(m->id), m);
-	waiting++; /* until opened */
 	return m;
 }
 
-/* `id`'s hold enters cut mode (`cut_from`: the new node, for an old copy; 0 for a new copy);
- * a cut that came for it first is taken if it is that node's. NULL: out of memory. */
-struct move *move_open(const char *id, uint64_t cut_from)
+/* Forget what only mattered while the client was away. */
+static void stop_recording(struct move *m)
 {
-	struct move *m = move_find(id);
+	m->recording = false;
+	m->have_cut = false;
+	free(m->granted);
+	m->granted = NULL;
+	m->ngranted = m->granted_cap = m->granted_next = 0;
+}
 
-	if(m != NULL && m->open) return m;
-	if(m == NULL && (m = move_add(id)) == NULL) return NULL;
-	m->open = true;
-	waiting--;
-	m->cut_from = cut_from;
-	if(m->have_cut){
-		if(cut_from != 0 && m->early_origin == cut_from){
-			applied++;
-		}else{
-			m->have_cut = false;
-			ignored++;
-		}
-	}
+static void drop_if_empty(struct move *m)
+{
+	if(!m->open && !m->recording && !m->have_cut) move_free(m);
+}
+
+struct move *move_open(const char *id)
+{
+	struct move *m = move_get(id);
+
+	if(m) m->open = true;
 	return m;
 }
 
@@ -117,41 +124,110 @@ void move_close(const char *id)
 {
 	struct move *m = move_find(id);
 
-	if(m != NULL) move_free(m);
+	if(m == NULL) return;
+	m->open = false;
+	free(m->skips);
+	free(m->cuts);
+	m->skips = m->cuts = NULL;
+	m->nskips = m->ncuts = 0;
+	drop_if_empty(m);
 }
 
-bool move_cut_refuses(const struct move *m, uint64_t origin, uint64_t seq)
+void cut_on_disconnect(const char *id)
 {
-	return origin == m->cut_from && m->have_cut && seq >= m->cut;
+	struct move *m = move_get(id);
+
+	if(m == NULL) return; /* too many: its new copy then delivers it again (duplicates) */
+	if(m->have_cut && mono_ms() - m->cut_at > CUT_PENDING_MS) m->have_cut = false;
+	m->granted_next = m->ngranted = 0;
+	m->recording = true;
+	m->since_ms = now_ms();
 }
 
-void move_granted(struct move *m, uint64_t origin, uint64_t seq)
+void cut_on_connect(const char *id)
+{
+	struct move *m = move_find(id);
+
+	if(m == NULL) return;
+	stop_recording(m);
+	drop_if_empty(m);
+}
+
+static void record(struct move *m, uint64_t origin, uint64_t seq)
 {
 	struct ident *grown;
 	size_t cap;
 
-	if(m->ngranted == m->granted_cap){
-		if(m->granted_cap >= GRANTED_MAX) return; /* the new copy delivers the rest again */
+	if(m->ngranted == m->granted_cap && m->granted_cap < GRANTED_MAX){
 		cap = m->granted_cap ? m->granted_cap * 2 : 64;
 		grown = realloc(m->granted, cap * sizeof(*grown));
-		if(grown == NULL) return;
-		m->granted = grown;
-		m->granted_cap = cap;
+		if(grown != NULL){
+			m->granted = grown;
+			m->granted_cap = cap;
+		}
 	}
-	m->granted[m->ngranted].origin = origin;
-	m->granted[m->ngranted].seq = seq;
-	m->ngranted++;
+	if(m->granted_cap == 0) return; /* out of memory: the new copy delivers it again */
+	if(m->ngranted < m->granted_cap){
+		m->granted[m->ngranted].origin = origin;
+		m->granted[m->ngranted].seq = seq;
+		m->ngranted++;
+		return;
+	}
+	/* full: the newest are the ones a new copy may also hold; the oldest goes */
+	m->granted[m->granted_next].origin = origin;
+	m->granted[m->granted_next].seq = seq;
+	m->granted_next = (m->granted_next + 1) % m->granted_cap;
 }
 
-/* [["<origin hash, 16 hex digits>", seq], ...] */
-cJSON *move_granted_json(const struct move *m)
+void cut_note_granted(const char *id, uint64_t origin, uint64_t seq)
 {
-	cJSON *list = cJSON_CreateArray(), *pair;
+	struct move *m = move_find(id);
+
+	if(m != NULL && m->recording) record(m, origin, seq);
+}
+
+bool cut_refuses(const char *id, uint64_t origin, uint64_t seq)
+{
+	struct move *m = move_find(id);
+
+	if(m == NULL || !m->recording || !m->have_cut || origin != m->cut_origin
+			|| seq < m->cut){
+		return false;
+	}
+	refused++;
+	return true;
+}
+
+void cut_arrived(const char *id, uint64_t origin, uint64_t seq, int64_t sent_ms)
+{
+	struct move *m = move_find(id);
+
+	if(m != NULL && m->recording && sent_ms + CUT_SKEW_MS < m->since_ms){
+		ignored++; /* made before its client left here: another move's */
+		return;
+	}
+	if(m == NULL && (m = move_get(id)) == NULL){
+		ignored++;
+		return;
+	}
+	m->have_cut = true; /* a later cut (a later move) replaces it */
+	m->cut_origin = origin;
+	m->cut = seq;
+	m->cut_at = mono_ms();
+	applied++;
+}
+
+/* [["<origin hash, 16 hex digits>", seq], ...]; NULL: nothing recorded for `id`. */
+cJSON *cut_granted_json(const char *id)
+{
+	struct move *m = move_find(id);
+	cJSON *list, *pair;
 	char hex[17];
 	size_t i;
 
-	if(list == NULL || m == NULL) return list;
-	for(i = 0; i < m->ngranted; i++){
+	if(m == NULL || !m->recording) return NULL;
+	list = cJSON_CreateArray();
+	for(i = 0; list && i < m->ngranted; i++){
 		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)m->granted[i].origin);
 		pair = cJSON_CreateArray();
 		if(pair == NULL) break;
@@ -250,49 +326,25 @@ bool move_skips(const struct move *m, uint64_t origin, uint64_t seq)
 	return m->nskips && bsearch(&key, m->skips, m->nskips, sizeof(key), ident_cmp) != NULL;
 }
 
-void cut_arrived(const char *id, uint64_t origin, uint64_t seq)
-{
-	struct move *m = move_find(id);
-
-	if(m != NULL && m->open){
-		if(m->cut_from == 0 || origin != m->cut_from){
-			ignored++; /* not the cut this copy waits for */
-			return;
-		}
-		m->have_cut = true;
-		m->cut = seq;
-		applied++;
-		return;
-	}
-	if(m == NULL){
-		if(waiting >= CUT_PENDING_MAX || (m = move_add(id)) == NULL){
-			ignored++;
-			return;
-		}
-	}
-	m->at_ms = mono_ms();
-	m->have_cut = true; /* a later cut (a later move) replaces it */
-	m->early_origin = origin;
-	m->cut = seq;
-}
-
-void cut_tick(int64_t now_ms)
+/* Once a second: a cut that waited too long for its client to leave goes; so does the record
+ * of a session that ended (no longer in the model) or whose client is back. */
+void cut_tick(int64_t now)
 {
 	struct move *m, *tmp;
+	struct client *c;
 
-	if(waiting == 0 || now_ms - swept_ms < 1000) return;
-	swept_ms = now_ms;
+	if(moves == NULL || now - swept_ms < 1000) return;
+	swept_ms = now;
 	HASH_ITER(hh, moves, m, tmp){
-		if(!m->open && now_ms - m->at_ms > CUT_PENDING_MS){
+		if(m->have_cut && !m->recording && now - m->cut_at > CUT_PENDING_MS){
 			ignored++;
-			move_free(m);
+			m->have_cut = false;
 		}
+		if(m->recording && ((c = model_find(m->id)) == NULL || model_client_online(c))){
+			stop_recording(m);
+		}
+		drop_if_empty(m);
 	}
-}
-
-void cut_count_refused(void)
-{
-	refused++;
 }
 
 void cut_count_skipped(void)
@@ -304,7 +356,7 @@ void cut_stats(cJSON *o)
 {
 	cJSON_AddNumberToObject(o, "cuts_applied", (double)applied);
 	cJSON_AddNumberToObject(o, "cuts_ignored", (double)ignored);
-	cJSON_AddNumberToObject(o, "cuts_pending", waiting);
+	cJSON_AddNumberToObject(o, "cut_entries", HASH_COUNT(moves));
 	cJSON_AddNumberToObject(o, "cut_refused", (double)refused);
 	cJSON_AddNumberToObject(o, "cut_skipped", (double)skipped);
 }
@@ -316,7 +368,6 @@ void cut_clear(void)
 	HASH_ITER(hh, moves, m, tmp){
 		move_free(m);
 	}
-	waiting = 0;
 	swept_ms = 0;
 	applied = ignored = refused = skipped = 0;
 }

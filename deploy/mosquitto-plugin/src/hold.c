@@ -26,16 +26,15 @@
  *   subscription each refused copy keeps the publish QoS and no identifier.
  * - Cut mode (`cut`, docs/architecture.md §5 "Exactly once across a move under traffic",
  *   cut.c): a moving session's copies split what was routed to both while its client moved.
- *   - The old copy (`old_for` the new node): queues, recording the identity of each injected
- *     message it grants, but refuses the new node's messages from that node's cut on (the new
- *     copy keeps those); held in cut mode, it is held at the next tick, where the plugin
- *     delivers `.fwd` the probe `cut:<client>` (every copy routed before the tick is ahead of
- *     it there, every copy routed after behind): the sidecar makes that its own cut.
  *   - The new copy (a live hold in cut mode): arms at the tick after its client's connect,
- *     with the same marker (before that tick its checks are refused and not kept: the old copy
- *     gets those); its ring keeps each injected message's identity and, released with what
- *     the old copy granted and the old node's cut, leaves those out at QoS > 0 (an offline
- *     session drops QoS 0, so the old copy never had those).
+ *     delivering `.fwd` the probe `cut:<client>` at that tick (every copy routed before it is
+ *     ahead of it there, every copy routed after behind): the sidecar makes that this node's
+ *     cut, which the old copy applies to this node's messages. Before that tick its checks
+ *     are refused and not kept (the old copy gets those). Its ring keeps each injected
+ *     message's identity and, released with what the old copy queued and the old node's cut,
+ *     leaves those out at QoS > 0 (an offline session drops QoS 0: the old copy had none).
+ *   - The old copy, held in cut mode: queues until the next tick, then is held, with the same
+ *     marker: the old node's own cut.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -227,30 +226,13 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 	h->live = live;
 	if(!chained){
 		if(!(cut && !ring)) leave_cut_mode(h);
-		else if(!h->cut_mode && (h->move = move_open(h->id, 0)) != NULL) h->cut_mode = true;
+		else if(!h->cut_mode && (h->move = move_open(h->id)) != NULL) h->cut_mode = true;
 	}
 	if(!live) set_owed(h, &h->arm_owed, false);
 	/* the old copy of a move is held at the next tick, with its cut: until then it is old */
 	h->old = cut_hold;
 	set_owed(h, &h->hold_owed, cut_hold);
 	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
-	return 0;
-}
-
-/* The old copy of a moving session (cut mode): it still queues, recording what it granted,
- * but refuses the new node's messages from that node's cut on. 0, or -1: out of memory. */
-int hold_old(const char *id, const char *new_node)
-{
-	struct hold *h = find(id);
-
-	if(h != NULL) return 0; /* held already (or a replica, or arriving): not an old copy */
-	if(hold_set(id, false, false, false) != 0) return -1;
-	h = find(id);
-	h->move = move_open(id, cut_origin_hash(new_node, strlen(new_node)));
-	if(h->move == NULL){ /* out of memory: a plain hold, as before cut mode */
-		return 0;
-	}
-	h->cut_mode = h->old = true;
 	return 0;
 }
 
@@ -340,15 +322,7 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(online && lives == 0) return false; /* (no lookup) */
 	h = find(id);
 	if(h == NULL) return false;
-	if(h->old){ /* cut mode: the old copy queues, but the new node's messages from its cut */
-		if(online || shared_check || !origin_read_identity(&origin, &seq)) return false;
-		if(move_cut_refuses(h->move, origin, seq)){
-			cut_count_refused();
-			return true;
-		}
-		move_granted(h->move, origin, seq); /* the new copy skips it */
-		return false;
-	}
+	if(h->old) return false; /* cut mode: the old copy queues until its hold's tick */
 	if(online && h->live){
 		if(!h->cut_mode){
 			set_armed(h, true);
@@ -472,7 +446,7 @@ void hold_tick(void)
 }
 
 /* Release `id`'s live hold without what its old copy had: `granted` (its identities, from
- * `hold_granted` there) and, per origin, what was below its cut (`cuts`: [[node, seq]]).
+ * `granted` there) and, per origin, what was below its cut (`cuts`: [[node, seq]]).
  * 0, or -1: malformed. */
 int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cuts)
 {
@@ -485,14 +459,6 @@ int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cut
 	}
 	hold_release(id, false, 0);
 	return 0;
-}
-
-/* What `id`'s old copy granted in cut mode (identities), or NULL: not a copy in cut mode. */
-cJSON *hold_granted(const char *id)
-{
-	struct hold *h = find(id);
-
-	return h != NULL && h->move != NULL ? move_granted_json(h->move) : NULL;
 }
 
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays)

@@ -7,10 +7,8 @@
 #define CUT_PROBE_TOPIC "$SYS/broker/mqfed/fwd-probe" /* the cut marker: payload "cut:<id>" */
 
 int hold_set(const char *id, bool ring, bool live, bool cut);
-int hold_old(const char *id, const char *new_node);
 void hold_on_connect(const char *id);
 int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cuts);
-cJSON *hold_granted(const char *id);
 void hold_release(const char *id, bool replay, int64_t since_ms);
 bool hold_refuses(const char *id, bool shared_check, bool online, const char *topic,
 		const void *payload, uint32_t len, uint8_t qos);

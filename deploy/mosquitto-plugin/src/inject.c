@@ -35,7 +35,8 @@ struct prepared {
 	mosquitto_property *props;
 	struct injected_id id;           /* pointing into the batch (origin.c) */
 	bool cut;                        /* a kind 2 record: a moving session's cut (hold.c) */
-	char *cut_client;                /* ...its client id */
+	char *cut_client;                /* ...its client id, */
+	uint64_t sent;                   /* and when it was made (HLC) */
 };
 
 static uint64_t n_batches, n_messages, n_refused;
@@ -159,6 +160,7 @@ static const char *prepare_cut(const struct mqfb_record *r, struct prepared *m)
 	m->id.origin = r->origin;
 	m->id.origin_len = r->origin_len;
 	m->id.seq = r->seq;
+	m->sent = r->hlc;
 	return NULL;
 }
 
@@ -227,7 +229,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	for(i = 0; i < n; i++){
 		if(m[i].cut){
 			cut_arrived(m[i].cut_client, cut_origin_hash(m[i].id.origin, m[i].id.origin_len),
-					m[i].id.seq);
+					m[i].id.seq, (int64_t)(m[i].sent >> 16));
 			continue;
 		}
 		origin_injected(m[i].topic, m[i].payload, m[i].payload_len, m[i].qos, m[i].props,

@@ -8,6 +8,7 @@
 
 #include "calib.h"
 #include "commands.h"
+#include "cut.h"
 #include "events.h"
 #include "hold.h"
 #include "inflight.h"
@@ -423,12 +424,21 @@ static void on_sub_acl(struct mosquitto *client, const char *filter, uint8_t qos
 	}
 }
 
+/* A client's connect was accepted (model.c): a moving session's hold and record (hold.c,
+ * cut.c). */
+static void on_client_connect(const char *id)
+{
+	hold_on_connect(id);
+	cut_on_connect(id);
+}
+
 static int on_acl_check(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_acl_check *ed = event_data;
 	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
 	bool shadow, shared_check = false;
 	int state;
+	uint64_t origin, seq;
 
 	(void)event;
 	(void)userdata;
@@ -484,11 +494,22 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_ACL_DENIED;
 	}
 	if(shadow && ed->access != MOSQ_ACL_WRITE) pass = MOSQ_ERR_SUCCESS;
+	/* a moving session's old copy: the new node's messages from its cut on are the new
+	 * copy's (cut.c) */
+	if(ed->access == MOSQ_ACL_READ && !shared_check && mosquitto__get_state
+			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
+			&& origin_read_identity(&origin, &seq)
+			&& cut_refuses(mosquitto_client_id(ed->client), origin, seq)){
+		return MOSQ_ERR_ACL_DENIED;
+	}
 	if(ed->access == MOSQ_ACL_READ && ed->qos > 0 && mosquitto__get_state
 			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
 			&& later_verdict(ed->client, ed->topic, ed->qos, MOSQ_ACL_READ)
 				== MOSQ_ERR_SUCCESS){
 		model_note_queued(mosquitto_client_id(ed->client)); /* `ctl sessions` */
+		if(origin_read_identity(&origin, &seq)){ /* for a move (cut.c) */
+			cut_note_granted(mosquitto_client_id(ed->client), origin, seq);
+		}
 	}
 
 	switch(ed->access){
@@ -802,6 +823,8 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 		inflight_capture(ed->client, mosquitto_client_id(ed->client));
 		/* its session (held live while its old node's queue comes) rings from now on */
 		hold_connected(mosquitto_client_id(ed->client));
+		/* what its session queues from now on is recorded, for a move (cut.c) */
+		cut_on_disconnect(mosquitto_client_id(ed->client));
 	}
 	model_on_disconnect(ed->client);
 	return MOSQ_ERR_SUCCESS;
@@ -877,7 +900,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 		return MOSQ_ERR_INVAL;
 	}
 	origin_init(mo.fwd_q2_max, strtoull(ev_epoch(), NULL, 16));
-	model_set_connect_listener(hold_on_connect);
+	model_set_connect_listener(on_client_connect);
 	shed_init(mo.fwd_backlog_max);
 	recent_init(mo.catchup_ms, mo.catchup_bytes);
 	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);

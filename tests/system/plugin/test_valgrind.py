@@ -227,16 +227,17 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     # a record naming its publisher (No Local, origin.c): vg-both's subscription has none
     sc.send(encode_batch(3, [Record("f/3", b"mine", 1, client="vg-both")]), topic=INJECT_TOPIC)
     assert both.wait_messages(lambda m: m.topic == "f/3", timeout=20)
-    # a moving session's cut mode (hold.c, cut.c): the old copy records what it grants and
-    # refuses the new node's messages from its cut on, a cut waiting for it first; the new
-    # one arms at a tick and, released, skips what the old one had
+    # a moving session's cut mode (hold.c, cut.c): the old copy records what it queues from
+    # its client's disconnect on and refuses the new node's messages from its cut on (a cut
+    # waiting for another client's disconnect stays till shutdown); the new one arms at a
+    # tick and, released, skips what the old one had
     old = client("vg-old", session_expiry=300, clean_start=False)
     old.connect()
     old.subscribe("k/#", 1, timeout=20)
     old.disconnect()
-    sc.send(encode_batch(4, [cut_record("vg-old", "n3", 2), cut_record("zz", "n2", 1)]),
+    hlc = int(time.time() * 1000) << 16
+    sc.send(encode_batch(4, [cut_record("vg-old", "n3", 2, hlc), cut_record("zz", "n2", 1)]),
             topic=INJECT_TOPIC)
-    assert sc.call("hold", client="vg-old", on=True, old_for="n3", timeout=20)["ok"]
     sc.send(encode_batch(5, [Record("k/1", b"c1", 1, seq=1, origin="n2"),
                              Record("k/1", b"c2", 1, seq=2, origin="n3")]), topic=INJECT_TOPIC)
     assert sc.call("hold", client="vg-old", on=True, cut=True, timeout=20)["ok"]
@@ -258,7 +259,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert [m.payload for m in new.wait_messages(lambda m: m.topic == "k/2", timeout=20)] == [
         b"n2"]
     cuts = sc.call("stats", timeout=20)
-    assert (cuts["cuts_applied"], cuts["cut_refused"], cuts["cut_skipped"]) == (1, 1, 1), cuts
+    assert (cuts["cuts_applied"], cuts["cut_refused"], cuts["cut_skipped"]) == (2, 1, 1), cuts
     assert sc.call("hold", client="vg-old", on=False, timeout=20)["ok"]
     assert not [m for m in member.messages if m.topic == "f/2"]
     assert [m.payload for m in shard.messages] == [b"ordinary"]
