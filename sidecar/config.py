@@ -228,12 +228,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               " Mosquitto, each filter on one by a hash: Mosquitto's cost"
                               " per subscription grows with those its client holds (1: the"
                               " one forwarding connection; a change starts them afresh)"),
-        "inject_batches": Key(bool, False, None, "re-inject each frame of messages from a peer"
+        "inject_batches": Key(bool, True, None, "re-inject each frame of messages from a peer"
                               " as batches the plugin publishes inside Mosquitto, sized to the"
-                              " room in the subscribers' queues (issue 25, docs/architecture.md"
-                              " \"The C bridge\": off by default while a slow subscriber can"
-                              " hold the others back); false: one PUBLISH per message on the"
-                              " forwarding connection"),
+                              " room in the subscribers' queues, a slow subscriber's left out"
+                              " (issue 25, docs/architecture.md \"The C bridge\"); false: one"
+                              " PUBLISH per message on the forwarding connection"),
     },
     "catchup": {
         "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"

@@ -182,6 +182,9 @@ def render(cfg: BrokerConfig) -> str:
                                                          else DEFAULT_MAX_QUEUED)
     if backlog_max > 0:
         out.append(f"plugin_opt_fwd_backlog_max {backlog_max}")
+    # the plugin leaves a slow subscriber out of its inject replies' `queued` near this bound
+    max_queued = user.max_queued if user else DEFAULT_MAX_QUEUED
+    out.append(f"plugin_opt_max_queued_messages {max(0, max_queued)}")
     if cfg.catchup_ms > 0:
         out.append(f"plugin_opt_catchup_ms {cfg.catchup_ms}")
         out.append(f"plugin_opt_catchup_bytes {cfg.catchup_bytes}")

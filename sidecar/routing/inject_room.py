@@ -11,7 +11,9 @@ stays under LIMIT_SHARE of `max_queued_messages`. Without room and with nothing 
 message goes every PROBE_AFTER to measure again. A queue that stays at the limit without
 shrinking for GIVE_UP_AFTER (a subscriber that does not read) lifts the bound until it is under
 the limit again: then that subscriber loses messages as on a single Mosquitto, and the others
-are not held up by it for longer.
+are not held up by it for longer. A subscriber that reads, but slower than its topics' traffic,
+and holds another subscriber of the same batches back is left out of `queued` by the plugin
+itself (deploy/mosquitto-plugin/src/inject.c): it loses what overflows, as on one broker.
 
 Limits: only QoS 1 and 2 queues are measured (QoS 0 has no queue on a live connection); the
 measure covers the subscribers of the last batch only, so a batch without a slow subscriber's

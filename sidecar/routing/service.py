@@ -141,7 +141,7 @@ class RoutingService(CatchUpWiring):
                  check_peer_address: bool = True, max_message_bytes: int = 64 << 20,
 
                  catchup_window: float = 5.0, catchup_margin: float = 0.05,
-                 catchup_bytes: int = 16 << 20, inject_batches: bool = False) -> None:
+                 catchup_bytes: int = 16 << 20, inject_batches: bool = True) -> None:
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation

@@ -91,6 +91,15 @@ def test_queue_limit_raised_unless_the_user_sets_one(tmp_path: Path):
     assert "max_queued_messages 500" in lines and "max_queued_messages 10000" not in lines
 
 
+def test_the_plugin_knows_max_queued_messages(tmp_path: Path):
+    """inject.c leaves a slow subscriber out of its replies' `queued` near this bound."""
+    assert "plugin_opt_max_queued_messages 10000" in render(_cfg()).splitlines()
+    user = tmp_path / "user.conf"
+    user.write_text("max_queued_messages 500\n")
+    lines = render(_cfg(user=read_user_settings(user), include_path=user)).splitlines()
+    assert "plugin_opt_max_queued_messages 500" in lines
+
+
 def test_size_limit_identity_and_private_socket_reach_the_plugin():
     lines = render(_cfg(sidecar_id=sidecar_client_id("s3"))).splitlines()
     assert f"plugin_opt_message_size_limit {DEFAULT_MESSAGE_SIZE_LIMIT}" in lines

@@ -744,6 +744,8 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "inject_batches", (double)ij.batches);
 		cJSON_AddNumberToObject(o, "inject_messages", (double)ij.messages);
 		cJSON_AddNumberToObject(o, "inject_refused", (double)ij.refused);
+		cJSON_AddNumberToObject(o, "inject_left_out", (double)ij.left_out);
+		cJSON_AddNumberToObject(o, "inject_slow_clients", ij.slow_clients);
 		cJSON_AddNumberToObject(o, "inject_no_local", (double)og.no_local);
 		cut_stats(o);
 		cJSON_AddNumberToObject(o, "fwd_qos2_tracked", og.tracked);

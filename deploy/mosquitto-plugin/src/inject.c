@@ -15,7 +15,21 @@
  * -1 when no live client got one of the batch's messages, or the queues are not readable):
  * a batch puts a whole frame in the queues in one iteration, where Mosquitto's reads let a
  * subscriber's PUBACKs take one message each, so the sidecar sizes its next batches to the
- * room left (sidecar/routing/injection.py). */
+ * room left (sidecar/routing/injection.py).
+ *
+ * A slow subscriber must not hold the others back (docs/architecture.md, "A slow subscriber
+ * holds the others back"): on one Mosquitto a subscriber that reads slower than its topics'
+ * traffic loses what overflows its own queue and the others are not slowed, where the fullest
+ * queue would pace every batch carrying its topics to it. So `queued` leaves out a client
+ * whose queue has stayed near the bound (FULL_NUM / FULL_DEN of max_queued_messages: three
+ * quarters of the sidecar's bound, half of it) for LEAVE_OUT_MS since it first held back
+ * another subscriber: a client that got a message of the same loop iteration's batches with
+ * its queue under that mark. Left out, it loses what overflows as on one broker. A client
+ * alone near the bound (a backlog draining to its one subscriber, a burst) is never left
+ * out: the batches wait for its room and it loses nothing. The state is kept per client id
+ * for clients near the bound only (at most SLOW_MAX), reset when a measure finds the queue
+ * under the mark or the client disconnects, and freed at the next sweep (every SWEEP_MS, also
+ * of clients not measured for STALE_MS). */
 #include <stdio.h>
 #include <string.h>
 
@@ -60,6 +74,36 @@ struct owed {
 static struct owed *owed_head, **owed_tail = &owed_head;
 static int fullest = -1;     /* the fullest queue seen in this iteration's routing (-1: none) */
 
+#define FULL_NUM 3                /* near the bound: max_queued_messages * 3 / 8 */
+#define FULL_DEN 8
+#define LEAVE_OUT_MS 250          /* near the bound this long after it held another back */
+#define SLOW_MAX 1024             /* clients near the bound tracked (others count as before) */
+#define SEEN_MAX 64               /* clients near the bound noted per loop iteration */
+#define SWEEP_MS 1000
+#define STALE_MS 10000
+
+/* A client measured near the bound. */
+struct slow {
+	UT_hash_handle hh;
+	char *id;
+	int64_t full_ms;              /* near the bound since (0: no longer: freed at the sweep) */
+	int64_t held_ms;              /* first held another client back since then (0: not yet) */
+	int64_t seen_ms;              /* last measured */
+	uint64_t seen_iter;           /* the loop iteration it was last noted in `seen` */
+	const struct mosquitto *conn; /* its connection then (compared, never read) */
+};
+static struct slow *slow_clients;
+static unsigned n_slow;
+static struct slow *seen[SEEN_MAX]; /* near the bound in this iteration's routing */
+static unsigned n_seen;
+static const struct mosquitto *room[2]; /* clients under the mark that got a message in this
+                                         * iteration (two are enough to tell another apart) */
+static unsigned n_room;
+static uint64_t iteration = 1;
+static int full_at;               /* the mark (0: off, max_queued_messages unknown or unlimited) */
+static int64_t last_sweep_ms;
+static uint64_t n_left_out;       /* measures left out of `queued` */
+
 static void send_reply(const char *to, int qos, const char *buf, int n)
 {
 	if(n < 0 || n >= 200) return;
@@ -98,12 +142,119 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 	owed_tail = &o->next;
 }
 
+void inject_set_max_queued(long max_queued)
+{
+	full_at = max_queued > 0 ? (int)((max_queued * FULL_NUM + FULL_DEN - 1) / FULL_DEN) : 0;
+}
+
+static void free_slow(struct slow *s)
+{
+	HASH_DEL(slow_clients, s);
+	n_slow--;
+	free(s->id);
+	free(s);
+}
+
+/* The entry of a client near the bound, made if needed (NULL: no id, or too many tracked). */
+static struct slow *slow_for(const char *id)
+{
+	struct slow *s;
+
+	if(id == NULL) return NULL;
+	HASH_FIND_STR(slow_clients, id, s);
+	if(s != NULL || n_slow >= SLOW_MAX) return s;
+	s = calloc(1, sizeof(*s));
+	if(s == NULL) return NULL;
+	s->id = xstrdup(id);
+	if(s->id == NULL){
+		free(s);
+		return NULL;
+	}
+	HASH_ADD_KEYPTR(hh, slow_clients, s->id, strlen(s->id), s);
+	n_slow++;
+	return s;
+}
+
+static void reset_slow(const char *id)
+{
+	struct slow *s;
+
+	if(id == NULL || n_slow == 0) return;
+	HASH_FIND_STR(slow_clients, id, s);
+	if(s != NULL) s->full_ms = s->held_ms = 0;
+}
+
 void inject_measure(struct mosquitto *client)
 {
+	struct slow *s;
 	int queued;
+	int64_t now;
 
-	if(owed_head != NULL && inflight_out_queued(client, &queued) && queued > fullest){
-		fullest = queued;
+	if(owed_head == NULL || !inflight_out_queued(client, &queued)) return;
+	if(full_at <= 0 || queued < full_at){
+		if(full_at > 0){
+			if(n_room < 2 && (n_room == 0 || room[0] != client)) room[n_room++] = client;
+			reset_slow(mosquitto_client_id(client));
+		}
+		if(queued > fullest) fullest = queued;
+		return;
+	}
+	now = mono_ms();
+	s = slow_for(mosquitto_client_id(client));
+	if(s == NULL){
+		if(queued > fullest) fullest = queued;
+		return;
+	}
+	if(s->full_ms == 0){
+		s->full_ms = now;
+		s->held_ms = 0;
+	}
+	s->seen_ms = now;
+	if(s->seen_iter != iteration && n_seen < SEEN_MAX){
+		s->seen_iter = iteration;
+		s->conn = client;
+		seen[n_seen++] = s;
+	}
+	if(s->held_ms != 0 && now - s->held_ms >= LEAVE_OUT_MS){
+		n_left_out++; /* it loses what overflows, as on one broker */
+		if(fullest < 0) fullest = 0; /* measured: the others have room */
+		return;
+	}
+	if(queued > fullest) fullest = queued;
+}
+
+void inject_forget(const char *id)
+{
+	reset_slow(id);
+}
+
+/* The end of an iteration: the clients near the bound that held back one with room; every
+ * SWEEP_MS, the entries no longer near the bound or not measured for STALE_MS go. */
+static void slow_tick(void)
+{
+	struct slow *s, *tmp;
+	int64_t now;
+	unsigned i;
+
+	if(n_slow == 0 && n_seen == 0){
+		n_room = 0;
+		return;
+	}
+	now = mono_ms();
+	for(i = 0; i < n_seen; i++){
+		s = seen[i];
+		if(s->full_ms != 0 && s->held_ms == 0
+				&& (n_room == 2 || (n_room == 1 && room[0] != s->conn))){
+			s->held_ms = now; /* another client with room got a message of these batches */
+		}
+	}
+	n_seen = 0;
+	n_room = 0;
+	iteration++;
+	if(now - last_sweep_ms < SWEEP_MS) return;
+	last_sweep_ms = now;
+	HASH_ITER(hh, slow_clients, s, tmp){
+		if(s->full_ms == 0 || now - s->seen_ms > STALE_MS) free_slow(s);
 	}
 }
 
@@ -128,6 +279,7 @@ void inject_tick(void)
 	}
 	owed_tail = link;
 	fullest = -1;
+	slow_tick();
 }
 
 static void free_prepared(struct prepared *m, unsigned n)
@@ -257,11 +409,14 @@ void inject_stats(struct inject_stats *s)
 	s->batches = n_batches;
 	s->messages = n_messages;
 	s->refused = n_refused;
+	s->left_out = n_left_out;
+	s->slow_clients = n_slow;
 }
 
 void inject_cleanup(void)
 {
 	struct owed *o;
+	struct slow *s, *tmp;
 
 	while((o = owed_head) != NULL){
 		owed_head = o->next;
@@ -271,4 +426,11 @@ void inject_cleanup(void)
 	owed_tail = &owed_head;
 	fullest = -1;
 	n_batches = n_messages = n_refused = 0;
+	HASH_ITER(hh, slow_clients, s, tmp) free_slow(s);
+	n_seen = 0;
+	n_room = 0;
+	iteration = 1;
+	full_at = 0;
+	last_sweep_ms = 0;
+	n_left_out = 0;
 }

@@ -49,6 +49,7 @@ struct module_opts {
 	uint64_t catchup_bytes;
 	const char *journal_dir;  /* journal.c; NULL: no journal */
 	uint64_t journal_max_age; /* seconds */
+	uint64_t max_queued;      /* Mosquitto's max_queued_messages, for inject.c (0: unknown) */
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -151,6 +152,7 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->catchup_bytes = 16u << 20;
 	mo->journal_dir = NULL;
 	mo->journal_max_age = 3600;
+	mo->max_queued = 0;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -212,6 +214,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			mo->journal_dir = val;
 		}else if(streq(k, "journal_max_age")){
 			if(parse_u64(k, val, 0, 31536000, &mo->journal_max_age)) return -1;
+		}else if(streq(k, "max_queued_messages")){
+			if(parse_u64(k, val, 0, INT32_MAX, &mo->max_queued)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -817,6 +821,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_SUCCESS;
 	}
 	if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) > 0) return MOSQ_ERR_SUCCESS;
+	inject_forget(mosquitto_client_id(ed->client));
 	if(model_is_live(ed->client)
 			&& !streq(mosquitto_client_username(ed->client), MQFED_SIDECAR_USER)){
 		/* a client leaving (not a shadow): QoS 2 messages waiting for its PUBCOMP */
@@ -905,6 +910,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	recent_init(mo.catchup_ms, mo.catchup_bytes);
 	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
+	inject_set_max_queued((long)mo.max_queued);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
 	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,

@@ -253,3 +253,85 @@ def test_a_clients_own_injected_message_skips_its_no_local_subscriptions(net):
     time.sleep(0.5)
     assert [m.payload for m in back.received(lambda m: m.topic == "t/b")] == [b"other-2"]
     assert net.sc.call("stats")["inject_no_local"] == 3
+
+
+def _stuck_and_fast(make_broker, clients, fast: bool):
+    """A broker told max_queued_messages 80 (the plugin's mark near the bound: 30), a fake
+    sidecar, a subscriber to `q/#` that never answers a QoS 2 message (in-flight window 5: the
+    rest waits in its queue) and, with `fast`, one that reads everything."""
+    b = make_broker(extra="max_queued_messages 80", opts={"max_queued_messages": 80})
+    sc = clients(FakeSidecar(b.sock)).start()
+    stuck = clients(RawClient("stuck", port=b.port, hold_pubrec=True, receive_maximum=5))
+    stuck.connect()
+    assert stuck.subscribe("q/#", 2) == [2]
+    reader = None
+    if fast:
+        reader = clients(Client("fast", port=b.port))
+        reader.connect()
+        assert reader.subscribe("q/#", 2) == [2]
+    return b, sc, stuck, reader
+
+
+def _batch(n: int, topic: str = "q/a") -> list[Record]:
+    return [Record(topic, str(i).encode(), 2) for i in range(n)]
+
+
+def test_a_subscriber_near_the_bound_that_holds_another_back_is_left_out(make_broker,
+                                                                          clients):
+    """One Mosquitto: a subscriber slower than its topics' traffic loses what overflows its
+    queue and the others are not slowed. The reply's `queued` paces the sidecar's batches, so
+    a client whose queue stayed near the bound (3/8 of max_queued_messages) for 250 ms after
+    a batch also reached a client with room is left out of it: the batches go at the others'
+    pace and it loses what overflows, as on one broker."""
+    b, sc, stuck, fast = _stuck_and_fast(make_broker, clients, fast=True)
+    reply = inject(sc, 1, encode_batch(1, _batch(40)))
+    assert reply["ok"] and 34 <= reply["queued"] <= 35, reply   # 5 in flight
+    # near the bound while `fast` had room: counted for 250 ms more
+    assert 35 <= inject(sc, 2, encode_batch(2, _batch(1)))["queued"] <= 36
+    time.sleep(0.4)
+    assert inject(sc, 3, encode_batch(3, _batch(1)))["queued"] == 0   # fast's, the only one
+    st = sc.call("stats")
+    assert st["inject_left_out"] == 1 and st["inject_slow_clients"] == 1, st
+    assert len(fast.wait_messages(lambda m: m.topic == "q/a", count=42)) == 42
+    # gone: forgotten at its disconnect, freed at the next sweep (every second)
+    stuck.close()
+    time.sleep(1.3)
+    assert inject(sc, 4, encode_batch(4, _batch(1)))["queued"] == 0
+    assert sc.call("stats")["inject_slow_clients"] == 0
+
+
+def test_a_subscriber_alone_near_the_bound_is_never_left_out(make_broker, clients):
+    """A backlog draining to its one subscriber, or a burst, holds nobody else back: its queue
+    keeps counting however long it stays full, so the batches wait for its room and it loses
+    nothing. A client under the mark is not tracked at all."""
+    b, sc, stuck, _ = _stuck_and_fast(make_broker, clients, fast=False)
+    reply = inject(sc, 1, encode_batch(1, _batch(40)))
+    assert reply["ok"] and 34 <= reply["queued"] <= 35, reply
+    time.sleep(0.4)
+    assert 35 <= inject(sc, 2, encode_batch(2, _batch(1)))["queued"] <= 36
+    # another subscriber's batch that does not reach `stuck` does not make it hold anyone back
+    other = clients(Client("other", port=b.port))
+    other.connect()
+    assert other.subscribe("r/#", 1) == [1]
+    assert inject(sc, 3, encode_batch(3, [Record("r/a", b"x", 1)]))["queued"] == 0
+    time.sleep(0.4)
+    assert 36 <= inject(sc, 4, encode_batch(4, _batch(1)))["queued"] <= 37
+    st = sc.call("stats")
+    assert st["inject_left_out"] == 0 and st["inject_slow_clients"] == 1, st
+
+
+def test_a_slow_subscriber_counts_again_once_its_queue_is_under_the_mark(make_broker,
+                                                                         clients):
+    """Left out, then its queue drains (here: it reconnects with a clean session, an empty
+    queue): measured under the mark it is tracked no longer, and a later backlog is paced to
+    it again (250 ms after it holds another back)."""
+    b, sc, stuck, fast = _stuck_and_fast(make_broker, clients, fast=True)
+    inject(sc, 1, encode_batch(1, _batch(40)))
+    time.sleep(0.4)
+    assert inject(sc, 2, encode_batch(2, _batch(1)))["queued"] == 0
+    stuck.close()
+    again = clients(RawClient("stuck", port=b.port, hold_pubrec=True, receive_maximum=5))
+    again.connect()
+    assert again.subscribe("q/#", 2) == [2]
+    assert inject(sc, 3, encode_batch(3, _batch(40)))["queued"] >= 34
+    assert sc.call("stats")["inject_left_out"] == 1

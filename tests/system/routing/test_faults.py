@@ -7,8 +7,6 @@ import signal
 import threading
 import time
 
-import pytest
-
 from tests.harness.procs import wait_for
 from tests.harness.proxy import CuttableProxy
 from tests.system.cluster.conftest import mqfed
@@ -186,10 +184,6 @@ def test_batched_backlog_waits_for_room_in_a_slow_subscribers_queue(cluster_fact
     sub.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: with routing.inject_batches on, a slow "
-                   "subscriber to every topic holds back the batches, so a fast subscriber "
-                   "waits for its pace (docs/architecture.md 'A slow subscriber holds the "
-                   "others back'); the option stays off by default until this passes")
 def test_batches_do_not_hold_a_fast_subscriber_back_behind_a_slow_one(cluster_factory,
                                                                       readable_dir):
     """One broker: a subscriber that reads slower than its topics' traffic loses what
