@@ -28,6 +28,7 @@
  * malformed from the sidecar closes the connection; the records are sent again on the next.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 
 #include "batch.h"
 #include "capture.h"
+#include "ftrie.h"
 #include "origin.h"
 #include "shed.h"
 
@@ -63,6 +65,16 @@ struct ident {
 	uint8_t *props;                /* MQTT v5 encoding */
 	uint32_t props_len;
 	enum { ID_NEW, ID_CAPTURED, ID_PASSED, ID_DROPPED } fate;
+	bool counted;                  /* `plain` is known (at its first check of .fwd) */
+	unsigned plain;                /* .fwd's plain subscriptions matching (UINT_MAX: all) */
+	unsigned checks;               /* READ checks of .fwd seen for it */
+};
+
+/* A filter `.fwd` subscribes to: its shared ones make READ checks capture must leave alone. */
+struct fwd_filter {
+	UT_hash_handle hh;             /* keyed by filter, verbatim */
+	bool shared;
+	char filter[];
 };
 
 struct q2e {
@@ -90,6 +102,9 @@ static char *path;
 static uint64_t max_bytes;
 static uint64_t epoch;
 static uint64_t hash_seed;
+
+static struct fwd_filter *filters;
+static struct ftrie shared_trie;   /* .fwd's shared filters, without $share/<group>/ */
 
 static bool cur_set;
 static struct ident cur;           /* the QoS 0/1 message of the last MESSAGE callback */
@@ -140,6 +155,74 @@ int capture_init(const char *socket_path, uint64_t max, uint64_t plugin_epoch)
 bool capture_enabled(void)
 {
 	return enabled;
+}
+
+/* ---- .fwd's subscriptions ---------------------------------------------------------------- */
+
+static void filters_clear(void)
+{
+	struct fwd_filter *f, *tmp;
+
+	HASH_ITER(hh, filters, f, tmp){
+		HASH_DEL(filters, f);
+		free(f);
+	}
+	ftrie_free(&shared_trie);
+}
+
+/* `.fwd`'s SUBSCRIBE (or UNSUBSCRIBE) check of `filter`. Mosquitto checks a message's plain
+ * subscriptions of a client before its shared ones (origin.c, fact 4), so a routing's first
+ * checks of .fwd, as many as its plain filters matching, are plain, and the rest are the picks
+ * of its shared groups, which keep the MQTT path (the sidecar reads the group from the
+ * Subscription Identifier). */
+void capture_fwd_filter(const char *filter, bool subscribed)
+{
+	struct fwd_filter *f = NULL;
+	size_t len;
+
+	if(!enabled || filter == NULL) return;
+	len = strlen(filter);
+	HASH_FIND(hh, filters, filter, len, f);
+	if(subscribed && f == NULL){
+		f = malloc(sizeof(*f) + len + 1);
+		if(f == NULL) return;
+		memcpy(f->filter, filter, len + 1);
+		f->shared = strncmp(filter, "$share/", 7) == 0;
+		if(f->shared && !ftrie_add(&shared_trie, strip_share(f->filter))){
+			free(f);
+			return;
+		}
+		HASH_ADD(hh, filters, filter[0], len, f);
+	}else if(!subscribed && f != NULL){
+		if(f->shared) ftrie_remove(&shared_trie, strip_share(f->filter));
+		HASH_DEL(filters, f);
+		free(f);
+	}
+}
+
+/* `.fwd` connected; with a clean start its old subscriptions are gone. */
+void capture_fwd_connected(bool clean_start)
+{
+	if(clean_start) filters_clear();
+}
+
+/* How many plain subscriptions of .fwd match `topic`; UINT_MAX when no shared one does
+ * (then every check is plain, and nothing needs counting). */
+static unsigned plain_matches(const char *topic)
+{
+	struct fwd_filter *f, *tmp;
+	unsigned n = 0;
+	bool result;
+
+	if(!ftrie_matches(&shared_trie, topic)) return UINT_MAX;
+	HASH_ITER(hh, filters, f, tmp){
+		result = false;
+		if(!f->shared && mosquitto_topic_matches_sub(f->filter, topic, &result)
+				== MOSQ_ERR_SUCCESS && result){
+			n++;
+		}
+	}
+	return n;
 }
 
 /* ---- identities ---------------------------------------------------------------------------- */
@@ -400,6 +483,11 @@ bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t 
 	purge_hits();
 	id = routed(topic, payload, len, qos);
 	if(id == NULL) return false;
+	if(!id->counted){
+		id->plain = plain_matches(topic);
+		id->counted = true;
+	}
+	if(id->plain != UINT_MAX && ++id->checks > id->plain) return false; /* a shared pick */
 	switch(id->fate){
 		case ID_CAPTURED:
 		case ID_DROPPED:
@@ -692,6 +780,7 @@ void capture_cleanup(void)
 		free(e);
 	}
 	q2 = hits = NULL;
+	filters_clear();
 	if(cur_set) ident_free(&cur);
 	cur_set = false;
 	for(i = 0; i < ring_n; i++) free(ring[(ring_head + i) % ring_cap]);

@@ -362,10 +362,16 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 		case MOSQ_ACL_SUBSCRIBE:
 			shed_fwd_filter(ed->topic, true);
 			recent_fwd_filter(ed->topic, true);
+			if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) == 0){
+				capture_fwd_filter(ed->topic, true);
+			}
 			break;
 		case MOSQ_ACL_UNSUBSCRIBE:
 			shed_fwd_filter(ed->topic, false);
 			recent_fwd_filter(ed->topic, false);
+			if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) == 0){
+				capture_fwd_filter(ed->topic, false);
+			}
 			break;
 		case MOSQ_ACL_READ:
 			/* not the re-check of its queued messages while a forwarding connection connects
@@ -591,6 +597,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}else if(streq(id, sidecar_fwd_id())){
 			sidecar_set_fwd_conn(client);
 			origin_fwd_auth(client);
+			capture_fwd_connected(mosquitto_client_clean_session(client));
 			shed_fwd_connected();
 		}else{
 			sidecar_set_conn(client);
