@@ -44,7 +44,7 @@ const char *mqfb_props(const struct mqfb_record *r, mosquitto_property **out);
 /* ---- encoding (capture.c: records the plugin sends to its sidecar) ---------------------- */
 
 #define MQFB_REC_FIXED 34u           /* u32 length + what a record has besides its fields */
-#define MQFH_LEN 24u                 /* hello: "MQFH" u8 version u8 0 u16 0 u64 epoch u64 next_seq */
+#define MQFH_LEN 24u                 /* "MQFH" u8 version u8 0 u16 0 u64 epoch u64 next_seq */
 #define MQFA_HEADER_LEN 16u          /* ack: "MQFA" u8 version u8 kind u16 count u64 seq */
 #define MQFA_KIND_RESUME 1u
 #define MQFA_KIND_ACK 2u

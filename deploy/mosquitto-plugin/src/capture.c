@@ -551,6 +551,7 @@ static bool out_reserve(size_t more)
 /* A connection to the sidecar is up (try_connect; the fuzz target hands in a socketpair). */
 void capture_attach(int s)
 {
+	if(fd >= 0) close(fd);
 	fd = s;
 	sock_state = SOCK_AWAIT_RESUME;
 	out_len = out_off = 0;
