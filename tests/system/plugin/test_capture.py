@@ -7,13 +7,14 @@ takes the MQTT path."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
-from sidecar.local.batch import Record
 from sidecar.local.capture_wire import Hello
 from sidecar.message import MessageProperties
 from tests.harness.procs import wait_for
@@ -45,7 +46,7 @@ class Node:
     a publisher; the capture socket's listener is `peer`."""
 
     def __init__(self, make_broker, clients, request, opts: dict | None = None,
-                 capture: bool = True, resume=None) -> None:
+                 capture: bool = True, resume=None, wrapper: list[str] | None = None) -> None:
         self.clients = clients
         self.dir = mosquitto_dir()
         request.addfinalizer(lambda: shutil.rmtree(self.dir, ignore_errors=True))
@@ -54,7 +55,7 @@ class Node:
         if self.peer:
             request.addfinalizer(self.peer.close)
         o = {"capture_socket": self.path} if capture else {}
-        self.b = make_broker(opts={**o, **(opts or {})})
+        self.b = make_broker(opts={**o, **(opts or {})}, wrapper=wrapper)
         self.sc = clients(FakeSidecar(self.b.sock)).start()
         self.fwd = self.sidecar_conn(FWD_ID)
         self.pub = clients(RawClient("pub", port=self.b.port))
@@ -316,3 +317,64 @@ def test_without_the_option_nothing_changes(make_broker, clients, request):
 def test_an_invalid_option_refuses_to_start(make_broker):
     with pytest.raises(RuntimeError, match="exited at start"):
         make_broker(opts={"capture_socket": "relative.sock"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_capture_is_valgrind_clean(make_broker, clients, request, tmp_path):
+    """capture.c under valgrind: records of every QoS with properties, several and shared
+    subscriptions of `.fwd`, acks (listed too), a resume, a reconnect, malformed input, the
+    bound, a QoS 2 message never released and records unacknowledged at shutdown."""
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind is not installed")
+    vglog = tmp_path / "valgrind.log"
+    supp = str(Path(__file__).with_name("mosquitto.supp"))
+    n = Node(make_broker, clients, request, opts={"capture_max_bytes": 65536},
+             resume=lambda h: None,
+             wrapper=["valgrind", "--error-exitcode=99", "--errors-for-leak-kinds=definite",
+                      "--leak-check=full", "--trace-children=no", f"--suppressions={supp}",
+                      f"--log-file={vglog}"])
+    assert n.fwd.subscribe("t/#", 2, no_local=True, sub_id=1) == [2]
+    assert n.fwd.subscribe("t/a", 1, no_local=True, sub_id=2) == [1]
+    assert n.fwd.subscribe("$share/g/t/#", 1, sub_id=3) == [1]
+    n.peer.wait_hellos(1, timeout=20)
+    n.pub.publish("t/a", b"q0", qos=0)
+    n.pub.publish("t/a", b"q1", qos=1, props=PUB_PROPS)
+    n.pub.publish2("t/a", b"q2")
+    mid = n.pub.publish("t/a", b"dup", qos=2)
+    n.pub.publish("t/a", b"dup", qos=2, mid=mid, dup=True)
+    n.pub.pubrel(mid)
+    n.pub.publish("t/left", b"never released", qos=2, props=PUB_PROPS)
+    n.peer.resume(0)
+    n.peer.wait_records(4, timeout=20)
+    n.peer.ack(1, (3,))
+    n.peer.drop_connection()
+    n.peer.wait_hellos(2, timeout=20)
+    n.peer.resume(2)
+    n.peer.wait_records(5, timeout=20)
+    n.peer.send(b"MQFA\x01\x02\x00\x00" + struct.pack("<Q", 99))   # a seq never sent
+    n.peer.wait_hellos(3, timeout=20)
+    n.peer.resume(4)
+    big = b"x" * 30000
+    for i in range(3):
+        n.pub.publish("t/big", big, qos=i % 2)                     # the last is dropped
+    n.pub.publish("t/big", big, qos=1)                             # passed
+    n.settle()
+    st = n.stats()
+    assert st["malformed"] == 1 and st["dropped"] >= 1 and st["passed"] >= 1, st
+    n.fwd.disconnect()
+    fresh = clients(RawClient(FWD_ID, sock=n.b.sock, username=SIDECAR_USER, password=SECRET,
+                              clean_start=True, session_expiry=0))
+    fresh.connect(timeout=20)
+    n.pub.publish("t/a", b"after a clean start", qos=1)
+    time.sleep(0.5)
+    for c in (n.sc, n.pub, fresh):
+        c.close()
+    rc = n.b.stop(timeout=60)
+    report = vglog.read_text()
+    assert "Memcheck" in report, report[-2000:]
+    summary = re.findall(r"ERROR SUMMARY: (\d+) errors", report)
+    assert summary and summary[-1] == "0", report[-6000:]
+    assert rc == 0, f"exit code {rc}\n{report[-4000:]}"
+    assert "definitely lost: 0 bytes" in report or "no leaks are possible" in report, \
+        report[-4000:]
