@@ -41,6 +41,7 @@
 #include "ftrie.h"
 #include "origin.h"
 #include "shed.h"
+#include "will.h"
 
 #define Q2_MAX 65535               /* QoS 2 messages awaiting their PUBREL, identified */
 #define Q2_MAX_AGE_MS 60000
@@ -62,8 +63,10 @@ struct ident {
 	uint64_t run;                  /* origin_run_seq() at its MESSAGE callback */
 	char *client;                  /* the publisher's client id */
 	size_t client_len;
-	uint8_t *props;                /* MQTT v5 encoding */
+	uint8_t *props;                /* MQTT v5 encoding (a message expiry last, if any) */
 	uint32_t props_len;
+	uint32_t expiry;               /* Message Expiry Interval at its MESSAGE callback (0: none) */
+	int64_t born_ms;               /* its MESSAGE callback (monotonic) */
 	enum { ID_NEW, ID_CAPTURED, ID_PASSED, ID_DROPPED } fate;
 	bool counted;                  /* `plain` is known (at its first check of .fwd) */
 	unsigned plain;                /* .fwd's plain subscriptions matching (UINT_MAX: all) */
@@ -225,6 +228,101 @@ static unsigned plain_matches(const char *topic)
 	return n;
 }
 
+/* ---- message expiry ------------------------------------------------------------------------ */
+
+static uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* An MQTT variable byte integer at b[*pos..n); false when malformed or cut short. */
+static bool varint(const uint8_t *b, uint32_t n, uint32_t *pos, uint32_t *out)
+{
+	uint32_t v = 0;
+	int i;
+
+	for(i = 0; i < 4 && *pos < n; i++){
+		v |= (uint32_t)(b[*pos] & 0x7F) << (7 * i);
+		if(!(b[(*pos)++] & 0x80)){
+			*out = v;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The Message Expiry Interval of the PUBLISH whose MESSAGE callback this is (0: none, or the
+ * packet cannot be read). Mosquitto 2.0.11 keeps it out of the callback's properties, in its
+ * store; the packet it is reading from the client (in_packet, through will.c's checked mirror
+ * of `struct mosquitto`) still holds it. The packet must be that message: a PUBLISH of its QoS
+ * whose properties parse exactly and whose payload is the message's (length, first and last
+ * bytes). */
+static uint32_t publish_expiry(const struct mosquitto_evt_message *ed)
+{
+	const uint8_t *b;
+	uint32_t n, pos, plen, end, k, v, expiry = 0, cmp;
+	uint8_t command, id;
+
+	if(mosquitto_client_protocol_version(ed->client) != 5) return 0;
+	if(!client_in_packet(ed->client, &b, &n, &command)) return 0;
+	if((command & 0xF0) != 0x30 || ((command >> 1) & 3) != ed->qos || n < 2) return 0;
+	pos = 2 + ((uint32_t)b[0] << 8 | b[1]) + (ed->qos ? 2 : 0);
+	if(pos > n || !varint(b, n, &pos, &plen) || plen > n - pos) return 0;
+	end = pos + plen;
+	if(n - end != ed->payloadlen) return 0;
+	cmp = ed->payloadlen < 64 ? ed->payloadlen : 64;
+	if(cmp && (memcmp(b + end, ed->payload, cmp) != 0
+			|| memcmp(b + n - cmp, (const uint8_t *)ed->payload + ed->payloadlen - cmp, cmp))){
+		return 0;
+	}
+	while(pos < end){
+		id = b[pos++];
+		switch(id){
+			case MQTT_PROP_PAYLOAD_FORMAT_INDICATOR: k = 1; break;
+			case MQTT_PROP_TOPIC_ALIAS: k = 2; break;
+			case MQTT_PROP_MESSAGE_EXPIRY_INTERVAL: k = 4; break;
+			case MQTT_PROP_CONTENT_TYPE:
+			case MQTT_PROP_RESPONSE_TOPIC:
+			case MQTT_PROP_CORRELATION_DATA:
+				if(end - pos < 2) return 0;
+				k = 2 + ((uint32_t)b[pos] << 8 | b[pos + 1]);
+				break;
+			case MQTT_PROP_USER_PROPERTY:
+				if(end - pos < 2) return 0;
+				k = 2 + ((uint32_t)b[pos] << 8 | b[pos + 1]);
+				if(end - pos < k + 2) return 0;
+				k += 2 + ((uint32_t)b[pos + k] << 8 | b[pos + k + 1]);
+				break;
+			case MQTT_PROP_SUBSCRIPTION_IDENTIFIER:
+				if(!varint(b, end, &pos, &v)) return 0;
+				k = 0;
+				break;
+			default:
+				return 0;
+		}
+		if(end - pos < k) return 0;
+		if(id == MQTT_PROP_MESSAGE_EXPIRY_INTERVAL) expiry = be32(b + pos);
+		pos += k;
+	}
+	return expiry;
+}
+
+/* Append the Message Expiry Interval property to an identity's encoded properties (its value
+ * is set to what remains when the record is made). */
+static bool add_expiry(struct ident *id, uint32_t expiry)
+{
+	uint8_t *grown;
+
+	if(expiry == 0) return true;
+	grown = realloc(id->props, (size_t)id->props_len + 5);
+	if(grown == NULL) return false;
+	id->props = grown;
+	grown[id->props_len] = MQTT_PROP_MESSAGE_EXPIRY_INTERVAL;
+	id->props_len += 5;
+	id->expiry = expiry;
+	return true;
+}
+
 /* ---- identities ---------------------------------------------------------------------------- */
 
 static void ident_free(struct ident *id)
@@ -308,10 +406,13 @@ void capture_on_message(const struct mosquitto_evt_message *ed)
 	id.client = malloc(id.client_len + 1);
 	if(id.client == NULL) return; /* no identity: the MQTT path, as before */
 	if(id.client_len) memcpy(id.client, client, id.client_len);
-	if(!mqfb_encode_props(ed->properties, &id.props, &id.props_len)){
+	if(!mqfb_encode_props(ed->properties, &id.props, &id.props_len)
+			|| !add_expiry(&id, publish_expiry(ed))){
 		free(id.client);
+		free(id.props);
 		return;
 	}
+	id.born_ms = mono_ms();
 	if(ed->qos < 2){
 		cur = id;
 		cur_set = true;
@@ -450,6 +551,16 @@ static bool append(const struct ident *id, const char *topic, const void *payloa
 	if(tlen > UINT16_MAX || size - 4 > UINT32_MAX) return false;
 	r = malloc(sizeof(*r) + size);
 	if(r == NULL) return false;
+	if(id->expiry){ /* what remains of it, as Mosquitto gives a subscriber (at least 1 s) */
+		int64_t gone = (mono_ms() - id->born_ms) / 1000;
+		uint32_t left = gone >= (int64_t)id->expiry ? 1 : id->expiry - (uint32_t)gone;
+		uint8_t *at = id->props + id->props_len - 4;
+
+		at[0] = (uint8_t)(left >> 24);
+		at[1] = (uint8_t)(left >> 16);
+		at[2] = (uint8_t)(left >> 8);
+		at[3] = (uint8_t)left;
+	}
 	r->seq = next_seq;
 	r->size = (uint32_t)size;
 	mqfb_put_record(r->data, id->qos, id->retain, r->seq, next_hlc(), topic, tlen,

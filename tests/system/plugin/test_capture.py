@@ -33,12 +33,13 @@ pytestmark = pytest.mark.timeout(90)
 
 FWD_ID = SIDECAR_ID + ".fwd"
 # payload format 1, content type, response topic, correlation data, two user properties, and
-# a message expiry (which Mosquitto 2.0.11 keeps out of the MESSAGE callback's properties)
+# a message expiry of 300 s (which Mosquitto 2.0.11 keeps out of the MESSAGE callback's
+# properties: the plugin reads it from the packet)
 PUB_PROPS = (b"\x01\x01" b"\x03\x00\x04text" b"\x08\x00\x03r/1" b"\x09\x00\x02\x00c"
              b"\x26\x00\x01k\x00\x01v" b"\x26\x00\x01k\x00\x01w" b"\x02\x00\x00\x01\x2c")
 REC_PROPS = MessageProperties(user=(("k", "v"), ("k", "w")), content_type="text",
                               payload_format=1, correlation_data=b"\x00c",
-                              response_topic="r/1")
+                              response_topic="r/1", message_expiry=300)
 
 
 class Node:
@@ -105,7 +106,6 @@ def test_messages_arrive_as_records_in_order_and_fwd_gets_no_copy(node):
         (1, "t/0", b"zero", 0, False, "pub", 1), (2, "t/1", b"one", 1, False, "pub", 1),
         (3, "t/2", b"two", 2, False, "pub", 1), (4, "t/r", b"kept", 1, True, "pub", 1),
         (5, "t/e", b"", 1, False, "pub", 1)]
-    # message expiry: not seen by the plugin (Mosquitto 2.0.11), so not carried (a limit)
     assert recs[1].properties == REC_PROPS
     assert all(r.properties == MessageProperties() for r in recs if r.seq != 2)
     now = int(time.time() * 1000)
@@ -123,7 +123,7 @@ def test_messages_arrive_as_records_in_order_and_fwd_gets_no_copy(node):
     assert (st["on"], st["connected"], st["records"], st["buffered"], st["acked"],
             st["next_seq"], st["connects"]) == (True, True, 5, 5, 0, 6, 1)
     assert st["buffered_bytes"] == sum(len(r.topic) + len(r.client) + len(r.payload) + 34
-                                       + (len(PUB_PROPS) - 5 if r.seq == 2 else 0)
+                                       + (len(PUB_PROPS) if r.seq == 2 else 0)
                                        for r in recs)
     # acks free records: cumulative, then one listed above it
     node.peer.ack(2, (4,))
@@ -132,6 +132,20 @@ def test_messages_arrive_as_records_in_order_and_fwd_gets_no_copy(node):
     wait_for(lambda: node.stats()["buffered"] == 0, 5, "the ack applied")
     st = node.stats()
     assert (st["acked"], st["buffered_bytes"], st["malformed"]) == (5, 0, 0)
+
+
+def test_message_expiry_is_what_remains_when_the_record_is_made(node):
+    """A QoS 2 message is captured at its PUBREL: its record carries the expiry left then."""
+    mid = node.pub.publish("t/q2", b"later", qos=2, props=b"\x02\x00\x00\x00\x64")
+    node.pub.publish("t/q1", b"now", qos=1, props=b"\x26\x00\x01a\x00\x01b\x02\x00\x00\x00\x64")
+    node.pub.publish("t/q0", b"none", qos=0, props=b"\x23\x00\x01")   # a topic alias only
+    time.sleep(2.2)
+    node.pub.pubrel(mid)
+    recs = node.peer.wait_records(3)
+    assert [(r.payload, r.properties.message_expiry) for r in recs[:2]] == [
+        (b"now", 100), (b"none", None)]
+    assert recs[0].properties.user == (("a", "b"),)
+    assert recs[2].payload == b"later" and 95 <= recs[2].properties.message_expiry <= 98
 
 
 def test_one_record_per_message_matching_several_fwd_subscriptions(node):
