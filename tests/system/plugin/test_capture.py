@@ -7,14 +7,17 @@ takes the MQTT path."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import struct
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from sidecar.local.capture_link import CaptureLink
 from sidecar.local.capture_wire import Hello
 from sidecar.message import MessageProperties
 from tests.harness.procs import wait_for
@@ -392,3 +395,38 @@ def test_capture_is_valgrind_clean(make_broker, clients, request, tmp_path):
     assert rc == 0, f"exit code {rc}\n{report[-4000:]}"
     assert "definitely lost: 0 bytes" in report or "no leaks are possible" in report, \
         report[-4000:]
+
+
+def test_the_sidecars_adapter_against_the_plugin(make_broker, clients, request):
+    """sidecar.local.capture_link.CaptureLink (asyncio, in a thread here) as the listener."""
+    n = Node(make_broker, clients, request, capture=False)
+    path = str(n.dir / "link.sock")
+    batches: list = []
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    link = CaptureLink(path, lambda hello: 0, lambda hello, b: batches.append((hello, b)))
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(link.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+    request.addfinalizer(stop)
+    asyncio.run_coroutine_threadsafe(link.start(), loop).result(5)
+    n.b.stop()
+    n.b.opts["capture_socket"] = path
+    n.b.start()
+    sc = clients(FakeSidecar(n.b.sock)).start()
+    fwd = n.sidecar_conn(FWD_ID)
+    assert fwd.subscribe("t/#", 1, no_local=True) == [1]
+    pub = clients(RawClient("pub2", port=n.b.port))
+    pub.connect()
+    for i in range(3):
+        pub.publish("t/x", str(i).encode(), qos=1)
+    wait_for(lambda: sum(len(b.records) for _, b in batches) == 3, 5, "3 records")
+    assert [r.payload for _, b in batches for r in b.records] == [b"0", b"1", b"2"]
+    assert batches[0][0].epoch == int(sc.call("stats")["epoch"], 16)
+    assert loop.call_soon_threadsafe(link.ack, 3) is not None
+    wait_for(lambda: sc.call("stats")["capture"]["acked"] == 3, 5, "the ack")
