@@ -13,6 +13,11 @@ callbacks:
 and `ack(seq, listed)` settles records. Records not acknowledged are sent again after the
 next resume, so a record is settled only once its owner no longer needs the plugin's copy.
 Bad bytes from the plugin close the connection (it reconnects within a second).
+
+Whoever can connect to the socket can hand the sidecar records as if it were the plugin: put
+it in a folder only Mosquitto's user and the sidecar can reach (the private listener's folder,
+`sidecar.node.layout` `socket_dir`: owned by that user, mode 0700), which is why the socket
+file itself may be 0666.
 """
 
 from __future__ import annotations
