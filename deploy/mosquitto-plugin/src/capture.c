@@ -108,6 +108,7 @@ static uint64_t hash_seed;
 
 static struct fwd_filter *filters;
 static struct ftrie shared_trie;   /* .fwd's shared filters, without $share/<group>/ */
+static struct ftrie plain_trie;    /* .fwd's plain filters */
 
 static bool cur_set;
 static struct ident cur;           /* the QoS 0/1 message of the last MESSAGE callback */
@@ -171,6 +172,7 @@ static void filters_clear(void)
 		free(f);
 	}
 	ftrie_free(&shared_trie);
+	ftrie_free(&plain_trie);
 }
 
 /* `.fwd`'s SUBSCRIBE (or UNSUBSCRIBE) check of `filter`. Mosquitto checks a message's plain
@@ -191,13 +193,13 @@ void capture_fwd_filter(const char *filter, bool subscribed)
 		if(f == NULL) return;
 		memcpy(f->filter, filter, len + 1);
 		f->shared = strncmp(filter, "$share/", 7) == 0;
-		if(f->shared && !ftrie_add(&shared_trie, strip_share(f->filter))){
+		if(!ftrie_add(f->shared ? &shared_trie : &plain_trie, strip_share(f->filter))){
 			free(f);
 			return;
 		}
 		HASH_ADD(hh, filters, filter[0], len, f);
 	}else if(!subscribed && f != NULL){
-		if(f->shared) ftrie_remove(&shared_trie, strip_share(f->filter));
+		ftrie_remove(f->shared ? &shared_trie : &plain_trie, strip_share(f->filter));
 		HASH_DEL(filters, f);
 		free(f);
 	}
@@ -213,19 +215,11 @@ void capture_fwd_connected(bool clean_start)
  * (then every check is plain, and nothing needs counting). */
 static unsigned plain_matches(const char *topic)
 {
-	struct fwd_filter *f, *tmp;
-	unsigned n = 0;
-	bool result;
+	size_t n;
 
 	if(!ftrie_matches(&shared_trie, topic)) return UINT_MAX;
-	HASH_ITER(hh, filters, f, tmp){
-		result = false;
-		if(!f->shared && mosquitto_topic_matches_sub(f->filter, topic, &result)
-				== MOSQ_ERR_SUCCESS && result){
-			n++;
-		}
-	}
-	return n;
+	n = ftrie_count(&plain_trie, topic);
+	return n >= UINT_MAX ? UINT_MAX - 1 : (unsigned)n;
 }
 
 /* ---- message expiry ------------------------------------------------------------------------ */

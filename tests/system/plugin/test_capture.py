@@ -188,6 +188,24 @@ def test_what_capture_leaves_on_the_mqtt_path(node):
     assert sorted(node.fwd_copies(shard)) == [b"both", b"sidecar"]
 
 
+def test_a_shared_pick_after_several_plain_subscriptions_keeps_the_mqtt_path(node):
+    """Mosquitto checks `.fwd`'s plain subscriptions first (here two match), then its pick of
+    the group: the first makes the record, the second is refused, the pick is allowed."""
+    assert node.fwd.subscribe("t/+", 1, no_local=True, sub_id=2) == [1]
+    assert node.fwd.subscribe("$share/g/t/#", 1, sub_id=3) == [1]
+    assert node.fwd.subscribe("$share/h/t/+", 1, sub_id=4) == [1]
+    node.pub.publish("t/1", b"one", qos=1)
+    node.pub.publish2("t/2", b"two")
+    node.pub.publish("t/a/b", b"deep", qos=1)       # one plain match, one group
+    node.settle()
+    assert [(r.seq, r.payload) for r in node.peer.wait_records(3)] == [
+        (1, b"one"), (2, b"two"), (3, b"deep")]
+    picks = sorted((m.payload, m.sub_ids) for m in node.fwd.received(
+        lambda m: m.topic != "t/mark"))
+    assert picks == [(b"deep", [3]), (b"one", [3]), (b"one", [4]), (b"two", [3]),
+                     (b"two", [4])]
+
+
 def test_offline_fwd_session_is_captured_not_queued(node):
     node.fwd.disconnect()
     node.pub.publish("t/1", b"while away", qos=1)
