@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "batch.h"
+#include "calib.h"
 #include "capture.h"
 #include "ftrie.h"
 #include "origin.h"
@@ -109,6 +110,7 @@ static uint64_t hash_seed;
 static struct fwd_filter *filters;
 static struct ftrie shared_trie;   /* .fwd's shared filters, without $share/<group>/ */
 static struct ftrie plain_trie;    /* .fwd's plain filters */
+static time_t filters_drop_at;     /* .fwd offline: its session (and filters) end then */
 
 static bool cur_set;
 static struct ident cur;           /* the QoS 0/1 message of the last MESSAGE callback */
@@ -205,10 +207,20 @@ void capture_fwd_filter(const char *filter, bool subscribed)
 	}
 }
 
-/* `.fwd` connected; with a clean start its old subscriptions are gone. */
+/* `.fwd` connected; with a clean start, or after its offline session expired, its old
+ * subscriptions are gone. */
 void capture_fwd_connected(bool clean_start)
 {
-	if(clean_start) filters_clear();
+	if(clean_start || (filters_drop_at != 0 && time(NULL) >= filters_drop_at)) filters_clear();
+	filters_drop_at = 0;
+}
+
+/* `.fwd` went offline with this session expiry (s; 0: its session ended; -1: unknown, taken
+ * as ended: forgotten filters only leave a shared-matching topic's checks on the MQTT path). */
+void capture_fwd_disconnected(int64_t expiry)
+{
+	if(expiry <= 0) filters_clear();
+	else if(expiry < EXPIRY_NEVER) filters_drop_at = time(NULL) + (time_t)expiry;
 }
 
 /* How many plain subscriptions of .fwd match `topic`; UINT_MAX when no shared one does
@@ -887,6 +899,7 @@ void capture_cleanup(void)
 	}
 	q2 = hits = NULL;
 	filters_clear();
+	filters_drop_at = 0;
 	if(cur_set) ident_free(&cur);
 	cur_set = false;
 	for(i = 0; i < ring_n; i++) free(ring[(ring_head + i) % ring_cap]);

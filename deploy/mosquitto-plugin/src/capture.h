@@ -24,6 +24,7 @@ int capture_init(const char *path, uint64_t max_bytes, uint64_t epoch);
 bool capture_enabled(void);
 void capture_fwd_filter(const char *filter, bool subscribed);
 void capture_fwd_connected(bool clean_start);
+void capture_fwd_disconnected(int64_t expiry);
 void capture_on_message(const struct mosquitto_evt_message *ed);
 bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t qos,
 		bool *recorded);

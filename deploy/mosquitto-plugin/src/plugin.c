@@ -841,6 +841,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	}
 	if(ed->client == sidecar_fwd_conn()){
 		origin_fwd_disconnect(ed->client);
+		capture_fwd_disconnected(client_expiry(ed->client));
 		sidecar_set_fwd_conn(NULL);
 		return MOSQ_ERR_SUCCESS;
 	}
