@@ -215,12 +215,14 @@ void capture_fwd_connected(bool clean_start)
 	filters_drop_at = 0;
 }
 
-/* `.fwd` went offline with this session expiry (s; 0: its session ended; -1: unknown, taken
- * as ended: forgotten filters only leave a shared-matching topic's checks on the MQTT path). */
+/* `.fwd` went offline with this session expiry (s; 0: its session ended; unknown, without a
+ * calibrated offset: kept, as the sidecar's session lasts). A filter kept too long or forgotten
+ * too early only miscounts a routing's plain checks of a topic one of its shared filters
+ * matches: the group's pick of .fwd may then become a record. */
 void capture_fwd_disconnected(int64_t expiry)
 {
-	if(expiry <= 0) filters_clear();
-	else if(expiry < EXPIRY_NEVER) filters_drop_at = time(NULL) + (time_t)expiry;
+	if(expiry == 0) filters_clear();
+	else if(expiry > 0 && expiry < EXPIRY_NEVER) filters_drop_at = time(NULL) + (time_t)expiry;
 }
 
 /* How many plain subscriptions of .fwd match `topic`; UINT_MAX when no shared one does
