@@ -7,13 +7,14 @@
  * from the sidecar or anyone), the batch parser (inject.c, batch.c), the access decisions (any topic or filter, any identity on any
  * kind of listener), message properties and the model, in any order of events, and with
  * capture on (the first byte's bit 7) the records of `.fwd`'s READ checks and the parser of the
- * sidecar's acks on the capture socket (capture.c: a socketpair stands for the connection). */
+ * sidecar's acks on the capture socket (capbuf.c: a socketpair stands for the connection). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "broker.h"
+#include "capbuf.h"
 #include "capture.h"
 #include "target.h"
 
@@ -289,10 +290,10 @@ static void op_capture(struct run *r, struct input *in)
 		}
 		if(r->capture_peer < 0
 				&& socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0){
-			capture_attach(sv[0]);
+			capbuf_attach(sv[0]);
 			r->capture_peer = sv[1];
 		}
-		capture_feed((const uint8_t *)bytes, len);
+		capbuf_feed((const uint8_t *)bytes, len);
 	}
 	free(bytes);
 }

@@ -28,8 +28,6 @@ void capture_fwd_disconnected(int64_t expiry);
 void capture_on_message(const struct mosquitto_evt_message *ed);
 bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t qos,
 		bool *recorded);
-void capture_attach(int fd);
-void capture_feed(const uint8_t *buf, size_t len);
 void capture_tick(void);
 void capture_stats(struct capture_stats *s);
 void capture_cleanup(void);
