@@ -34,6 +34,7 @@ FLAG_ORIGIN = 0x08
 MAX_RECORDS = 65535
 
 _HEADER = struct.Struct("<4sBBHQ")
+HEADER_SIZE = _HEADER.size
 _FIXED = struct.Struct("<IBBQQ")   # length, kind, flags, seq, hlc
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

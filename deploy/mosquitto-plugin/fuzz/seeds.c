@@ -149,6 +149,28 @@ static void inject(struct writer *w, uint8_t slot, int truncate)
 	free(b.p);
 }
 
+/* Bytes the sidecar sends on the capture socket: an MQFA message (resume or ack) with
+ * `count` listed seqs, or (bad != 0) a damaged copy of it. */
+static void capture_ack(struct writer *w, uint8_t kind, uint64_t seq, uint16_t count,
+		uint64_t first_listed, int bad)
+{
+	struct writer b = {0};
+	uint16_t i;
+
+	put(&b, "MQFA\x01", 5);
+	u8(&b, kind);
+	le(&b, count, 2);
+	le(&b, seq, 8);
+	for(i = 0; i < count; i++) le(&b, first_listed + i, 8);
+	if(bad == 1) b.p[0] = 'X';
+	if(bad == 2) b.n -= 3;
+	u8(w, OP_CAPTURE);
+	u8(w, (uint8_t)(b.n >> 8));
+	u8(w, (uint8_t)b.n);
+	put(w, b.p, b.n);
+	free(b.p);
+}
+
 static const char *const COMMANDS[] = {
 	"{\"v\":1,\"id\":\"1\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"snapshot\"}",
 	"{\"v\":1,\"id\":\"2\",\"reply\":\"$SYS/broker/mqfed/replies/s\",\"cmd\":\"resume\",\"from_seq\":1}",
@@ -189,7 +211,7 @@ static const char *const TOPICS[] = {
 void seeds_make(struct blob **out, size_t *count)
 {
 	size_t i, j, n = 0;
-	size_t total = sizeof(COMMANDS) / sizeof(COMMANDS[0]) + 4 + 3;
+	size_t total = sizeof(COMMANDS) / sizeof(COMMANDS[0]) + 4 + 3 + 3;
 	struct blob *b = calloc(total, sizeof(*b));
 
 	if(b == NULL) abort();
@@ -250,6 +272,28 @@ void seeds_make(struct blob **out, size_t *count)
 		acl(&w, 2, 0, "a/b");
 		b[n++] = (struct blob){w.p, w.n};
 	}
+	for(j = 0; j < 3; j++){ /* capture on: .fwd's READ checks make records; the sidecar acks */
+		struct writer w = {0};
+		u8(&w, (uint8_t)(0x80 | (0x11 * j)));
+		connect_(&w, 0, 0x80 | 0x40, 0x05, "", 1234567891u);
+		connect_(&w, 1, 2, 0x00, "", 3600);                   /* c1 */
+		connect_(&w, 2, 1, 0x05, "", 3600);                   /* .fwd */
+		acl(&w, 2, 2, "a/#");
+		acl(&w, 2, 2, "a/b");
+		acl(&w, 2, 2, "$share/g/a/#");
+		capture_ack(&w, 1, 0, 0, 0, 0);                       /* resume */
+		for(i = 0; i < 6; i++){                               /* routed to .fwd (slot 2) */
+			message(&w, 1, (uint8_t)(32 | 16 | (i % 3)), i % 2 ? "a/b" : "a/c", "payload");
+		}
+		u8(&w, OP_TICK);
+		capture_ack(&w, 2, 2, 2, 4, 0);                       /* ack 2, and 4, 5 */
+		capture_ack(&w, 2, 3, 0, 0, j == 0 ? 0 : j);          /* then a damaged one */
+		capture_ack(&w, 1, 1, 1, 3, 0);                       /* a new connection's resume */
+		message(&w, 1, 32 | 1, "a/b", "again");
+		u8(&w, OP_TICK);
+		capture_ack(&w, 2, 9, 0, 0, 0);                       /* a seq not sent */
+		b[n++] = (struct blob){w.p, w.n};
+	}
 	*out = b;
 	*count = n;
 }
@@ -263,5 +307,5 @@ const char *const FUZZ_DICTIONARY[] = {
 	"\"seq\":", "\"from_seq\":", "\"epoch\":", "1e308", "-1", "18446744073709551616", "0.5",
 	"null", "true", "[]", "{}", "\"\\u0000\"", "\"\\ud800\"", "$mqfed/", "$SYS/broker/mqfed/",
 	"$CONTROL/mqfed/v1", "$share/", "/#", "/+", "mqfed-sidecar", ".fwd", "====",
-	"MQFB\x01", NULL,
+	"MQFB\x01", "MQFA\x01\x01", "MQFA\x01\x02", NULL,
 };

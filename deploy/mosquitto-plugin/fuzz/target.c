@@ -5,11 +5,17 @@
  * Whatever the bytes, the program is valid: short reads give zeros and empty strings. So
  * byte-level mutations explore the command decoder (JSON of any shape on the control topic,
  * from the sidecar or anyone), the batch parser (inject.c, batch.c), the access decisions (any topic or filter, any identity on any
- * kind of listener), message properties and the model, in any order of events. */
+ * kind of listener), message properties and the model, in any order of events, and with
+ * capture on (the first byte's bit 7) the records of `.fwd`'s READ checks and the parser of the
+ * sidecar's acks on the capture socket (capbuf.c: a socketpair stands for the connection). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "broker.h"
+#include "capbuf.h"
+#include "capture.h"
 #include "target.h"
 
 int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata,
@@ -70,6 +76,7 @@ static const char *const ADDRESSES[] = {FAKE_SOCKET, "/tmp/other.sock", "127.0.0
 
 struct run {
 	struct mosquitto *slot[FUZZ_SLOTS];
+	int capture_peer;          /* the sidecar's end of the capture connection, or -1 */
 };
 
 static struct mosquitto *slot_client(struct run *r, struct input *in)
@@ -263,6 +270,34 @@ static void op_message(struct run *r, struct input *in)
 	free(payload);
 }
 
+/* Bytes from the sidecar on the capture socket: a connection is made first when there is none
+ * (the plugin closed the last one after a malformed message). */
+static void op_capture(struct run *r, struct input *in)
+{
+	size_t len;
+	char *bytes = str(in, &len);
+	char sink[4096];
+	ssize_t n = 1;
+	int sv[2];
+
+	if(capture_enabled()){
+		if(r->capture_peer >= 0){
+			while((n = read(r->capture_peer, sink, sizeof(sink))) > 0){} /* what it wrote */
+			if(n == 0){ /* the plugin closed its end */
+				close(r->capture_peer);
+				r->capture_peer = -1;
+			}
+		}
+		if(r->capture_peer < 0
+				&& socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0){
+			capbuf_attach(sv[0]);
+			r->capture_peer = sv[1];
+		}
+		capbuf_feed((const uint8_t *)bytes, len);
+	}
+	free(bytes);
+}
+
 static void op_tick(struct run *r)
 {
 	struct mosquitto_evt_tick ed;
@@ -298,12 +333,13 @@ int mqfed_fuzz_one(const uint8_t *data, size_t size)
 	struct input in = {data, size};
 	struct run r;
 	uint8_t conf = u8(&in);
-	struct mosquitto_opt opts[8];
+	struct mosquitto_opt opts[10];
 	int n = 0;
 	void *userdata = NULL;
 	unsigned steps = 0;
 
 	memset(&r, 0, sizeof(r));
+	r.capture_peer = -1;
 	broker_reset();
 	opts[n++] = (struct mosquitto_opt){"sidecar_secret", SECRET};
 	opts[n++] = (struct mosquitto_opt){"acl", (conf & 1) ? "defer" : "grant"};
@@ -314,6 +350,10 @@ int mqfed_fuzz_one(const uint8_t *data, size_t size)
 	opts[n++] = (struct mosquitto_opt){"message_size_limit", (conf & 32) ? "64" : "0"};
 	opts[n++] = (struct mosquitto_opt){"sidecar_socket", (conf & 64) ? FAKE_SOCKET : ""};
 	if(!(conf & 64)) n--;
+	if(conf & 128){
+		opts[n++] = (struct mosquitto_opt){"capture_socket", "/nonexistent/mqfed-fuzz.sock"};
+		opts[n++] = (struct mosquitto_opt){"capture_max_bytes", "65536"};
+	}
 	if(mosquitto_plugin_init((mosquitto_plugin_id_t *)&fake_pid, &userdata, opts, n)
 			!= MOSQ_ERR_SUCCESS){
 		abort();
@@ -329,10 +369,12 @@ int mqfed_fuzz_one(const uint8_t *data, size_t size)
 			case OP_TICK: op_tick(&r); break;
 			case OP_EXT_AUTH: op_ext_auth(&r, &in); break;
 			case OP_INJECT: op_inject(&r, &in); break;
+			case OP_CAPTURE: op_capture(&r, &in); break;
 			default: broker_set_later_verdict(VERDICTS[u8(&in) % 4]); break;
 		}
 	}
 	mosquitto_plugin_cleanup(userdata, opts, n);
+	if(r.capture_peer >= 0) close(r.capture_peer);
 	broker_free_all();
 	return 0;
 }

@@ -17,6 +17,7 @@ enum fuzz_op {
 	OP_EXT_AUTH,       /* slot */
 	OP_VERDICT,        /* what the rest of the ACL chain answers in defer mode */
 	OP_INJECT,         /* slot, payload (an MQFB batch on $CONTROL/mqfed/inject) */
+	OP_CAPTURE,        /* bytes from the sidecar on the capture socket (capture.c) */
 	OP_COUNT
 };
 

@@ -214,3 +214,222 @@ const char *mqfb_props(const struct mqfb_record *r, mosquitto_property **out)
 	}
 	return NULL;
 }
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	put16(p, (uint16_t)v);
+	put16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+void mqfb_put_header(uint8_t *out, uint16_t count, uint64_t id)
+{
+	memcpy(out, "MQFB", 4);
+	out[4] = MQFB_VERSION;
+	out[5] = 0;
+	put16(out + 6, count);
+	put64(out + 8, id);
+}
+
+void mqfh_put(uint8_t *out, uint64_t epoch, uint64_t next_seq)
+{
+	memcpy(out, "MQFH", 4);
+	out[4] = 1;
+	out[5] = 0;
+	put16(out + 6, 0);
+	put64(out + 8, epoch);
+	put64(out + 16, next_seq);
+}
+
+size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
+		uint32_t payload_len)
+{
+	return MQFB_REC_FIXED + topic_len + client_len + (size_t)props_len + payload_len;
+}
+
+void mqfb_put_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq, uint64_t hlc,
+		const char *topic, size_t topic_len, const char *client, size_t client_len,
+		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len)
+{
+	size_t size = mqfb_record_size(topic_len, client_len, props_len, payload_len);
+
+	put32(out, (uint32_t)(size - 4));
+	out[4] = MQFB_KIND_MESSAGE;
+	out[5] = (uint8_t)((qos & 3) | (retain ? 4 : 0));
+	put64(out + 6, seq);
+	put64(out + 14, hlc);
+	out += 22;
+	put16(out, (uint16_t)topic_len);
+	memcpy(out + 2, topic, topic_len);
+	out += 2 + topic_len;
+	put16(out, (uint16_t)client_len);
+	if(client_len) memcpy(out + 2, client, client_len);
+	out += 2 + client_len;
+	put32(out, props_len);
+	if(props_len) memcpy(out + 4, props, props_len);
+	out += 4 + props_len;
+	put32(out, payload_len);
+	if(payload_len) memcpy(out + 4, payload, payload_len);
+}
+
+/* A growing byte string for mqfb_encode_props. */
+struct bytes {
+	uint8_t *p;
+	size_t n, cap;
+	bool failed;
+};
+
+#define PROPS_MAX (1u << 20)
+
+static void add(struct bytes *b, const void *data, size_t len)
+{
+	uint8_t *grown;
+	size_t cap;
+
+	if(b->failed) return;
+	if(b->n + len > PROPS_MAX){
+		b->failed = true;
+		return;
+	}
+	if(b->n + len > b->cap){
+		cap = (b->n + len) * 2 + 64;
+		grown = realloc(b->p, cap);
+		if(grown == NULL){
+			b->failed = true;
+			return;
+		}
+		b->p = grown;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->n, data, len);
+	b->n += len;
+}
+
+static void add_byte(struct bytes *b, uint8_t v)
+{
+	add(b, &v, 1);
+}
+
+/* An MQTT string or binary field: big-endian u16 length, then the bytes. */
+static void add_field(struct bytes *b, const void *data, size_t len)
+{
+	uint8_t n[2] = {(uint8_t)(len >> 8), (uint8_t)len};
+
+	if(len > UINT16_MAX){
+		b->failed = true;
+		return;
+	}
+	add(b, n, 2);
+	add(b, data, len);
+}
+
+bool mqfb_encode_props(const mosquitto_property *props, uint8_t **out, uint32_t *len)
+{
+	struct bytes b = {NULL, 0, 0, false};
+	const mosquitto_property *p;
+	char *k, *s;
+	void *bin;
+	uint16_t blen;
+	uint8_t byte;
+
+	*out = NULL;
+	*len = 0;
+	for(p = props; p && !b.failed; p = mosquitto_property_next(p)){
+		int id = mosquitto_property_identifier(p);
+
+		k = s = NULL;
+		bin = NULL;
+		switch(id){
+			case MQTT_PROP_PAYLOAD_FORMAT_INDICATOR:
+				if(mosquitto_property_read_byte(p, id, &byte, false)){
+					add_byte(&b, (uint8_t)id);
+					add_byte(&b, byte);
+				}
+				break;
+			case MQTT_PROP_CONTENT_TYPE:
+			case MQTT_PROP_RESPONSE_TOPIC:
+				if(mosquitto_property_read_string(p, id, &s, false)){
+					add_byte(&b, (uint8_t)id);
+					add_field(&b, s, strlen(s));
+				}
+				break;
+			case MQTT_PROP_CORRELATION_DATA:
+				if(mosquitto_property_read_binary(p, id, &bin, &blen, false)){
+					add_byte(&b, (uint8_t)id);
+					add_field(&b, bin, blen);
+				}
+				break;
+			case MQTT_PROP_USER_PROPERTY:
+				if(mosquitto_property_read_string_pair(p, id, &k, &s, false)){
+					add_byte(&b, (uint8_t)id);
+					add_field(&b, k, strlen(k));
+					add_field(&b, s, strlen(s));
+				}
+				break;
+			default:
+				break; /* not a message's (Mosquitto keeps only these with a message) */
+		}
+		mosquitto_free(k);
+		mosquitto_free(s);
+		mosquitto_free(bin);
+	}
+	if(b.failed){
+		free(b.p);
+		return false;
+	}
+	*out = b.p;
+	*len = (uint32_t)b.n;
+	return true;
+}
+
+/* ---- the sidecar's acknowledgements on the capture socket -------------------------------- */
+
+int mqfa_parse(const uint8_t *buf, size_t len, struct mqfa_msg *m, size_t *used,
+		const char **why)
+{
+	size_t need;
+
+	memset(m, 0, sizeof(*m));
+	*used = 0;
+	*why = NULL;
+	/* the magic is checked as soon as its bytes are in: garbage is refused early */
+	if(len > 0 && memcmp(buf, "MQFA", len < 4 ? len : 4) != 0){
+		*why = "magic";
+		return -1;
+	}
+	if(len >= 5 && buf[4] != 1){
+		*why = "version";
+		return -1;
+	}
+	if(len >= 6 && buf[5] != MQFA_KIND_RESUME && buf[5] != MQFA_KIND_ACK){
+		*why = "kind";
+		return -1;
+	}
+	if(len < MQFA_HEADER_LEN) return 0;
+	m->kind = buf[5];
+	m->count = le16(buf + 6);
+	m->seq = le64(buf + 8);
+	need = MQFA_HEADER_LEN + 8 * (size_t)m->count;
+	if(len < need) return 0;
+	m->listed = buf + MQFA_HEADER_LEN;
+	*used = need;
+	return 1;
+}
+
+uint64_t mqfa_listed(const struct mqfa_msg *m, uint16_t i)
+{
+	return i < m->count ? le64(m->listed + 8 * (size_t)i) : 0;
+}

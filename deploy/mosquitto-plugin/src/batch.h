@@ -45,4 +45,43 @@ const char *mqfb_next(struct mqfb_batch *b, struct mqfb_record *r);
  * response topic, correlation data, user properties. */
 const char *mqfb_props(const struct mqfb_record *r, mosquitto_property **out);
 
+/* ---- encoding (capture.c: records the plugin sends to its sidecar) ---------------------- */
+
+#define MQFB_REC_FIXED 34u           /* u32 length + what a record has besides its fields */
+#define MQFH_LEN 24u                 /* "MQFH" u8 version u8 0 u16 0 u64 epoch u64 next_seq */
+#define MQFA_HEADER_LEN 16u          /* ack: "MQFA" u8 version u8 kind u16 count u64 seq */
+#define MQFA_KIND_RESUME 1u
+#define MQFA_KIND_ACK 2u
+
+/* The batch header for `count` records, its id `id`, into out[MQFB_HEADER_LEN]. */
+void mqfb_put_header(uint8_t *out, uint16_t count, uint64_t id);
+/* The hello the plugin writes first on each connection of the capture socket. */
+void mqfh_put(uint8_t *out, uint64_t epoch, uint64_t next_seq);
+/* The MQTT v5 encoding of the properties a record carries (payload format, content type,
+ * response topic, correlation data, user properties, in list order; anything else is left
+ * out). *out is malloc'd (NULL, *len 0 when there are none); false when out of memory or
+ * longer than 1 MiB. */
+bool mqfb_encode_props(const mosquitto_property *props, uint8_t **out, uint32_t *len);
+/* Bytes of an encoded record (its u32 length included). */
+size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
+		uint32_t payload_len);
+/* Encode one kind-1 record into `out` (mqfb_record_size bytes). */
+void mqfb_put_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq, uint64_t hlc,
+		const char *topic, size_t topic_len, const char *client, size_t client_len,
+		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len);
+
+/* One message from the sidecar on the capture socket. */
+struct mqfa_msg {
+	uint8_t kind;                    /* MQFA_KIND_RESUME or MQFA_KIND_ACK */
+	uint16_t count;                  /* settled seqs listed above `seq` */
+	uint64_t seq;                    /* every record <= seq is settled */
+	const uint8_t *listed;           /* count little-endian u64s */
+};
+
+/* Parse the message at the start of buf[0..len): 1 with *used its bytes, 0 when more bytes
+ * are needed, -1 when malformed (*why says what). Only the framing is checked here. */
+int mqfa_parse(const uint8_t *buf, size_t len, struct mqfa_msg *m, size_t *used,
+		const char **why);
+uint64_t mqfa_listed(const struct mqfa_msg *m, uint16_t i);
+
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "calib.h"
+#include "capture.h"
 #include "commands.h"
 #include "cut.h"
 #include "events.h"
@@ -704,6 +705,28 @@ static void add_journal_stats(cJSON *o)
 	cJSON_AddNumberToObject(j, "compactions", (double)js.compactions);
 }
 
+static void add_capture_stats(cJSON *o)
+{
+	struct capture_stats cs;
+	cJSON *c;
+
+	capture_stats(&cs);
+	c = cJSON_AddObjectToObject(o, "capture");
+	if(c == NULL) return;
+	cJSON_AddBoolToObject(c, "on", cs.on);
+	cJSON_AddBoolToObject(c, "connected", cs.connected);
+	cJSON_AddNumberToObject(c, "next_seq", (double)cs.next_seq);
+	cJSON_AddNumberToObject(c, "records", (double)cs.records);
+	cJSON_AddNumberToObject(c, "buffered", (double)cs.buffered);
+	cJSON_AddNumberToObject(c, "buffered_bytes", (double)cs.buffered_bytes);
+	cJSON_AddNumberToObject(c, "acked", (double)cs.acked);
+	cJSON_AddNumberToObject(c, "dropped", (double)cs.dropped);
+	cJSON_AddNumberToObject(c, "passed", (double)cs.passed);
+	cJSON_AddNumberToObject(c, "connects", (double)cs.connects);
+	cJSON_AddNumberToObject(c, "malformed", (double)cs.malformed);
+	cJSON_AddNumberToObject(c, "sent_bytes", (double)cs.sent_bytes);
+}
+
 static void cmd_stats(const struct request *rq)
 {
 	cJSON *o = reply_new(rq, true);
@@ -761,6 +784,7 @@ static void cmd_stats(const struct request *rq)
 		cal = cJSON_AddObjectToObject(o, "calibration");
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 		add_journal_stats(o);
+		add_capture_stats(o);
 	}
 	reply_send(rq, o);
 }

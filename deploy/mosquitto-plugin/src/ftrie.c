@@ -126,35 +126,85 @@ static bool match_at(const struct ftrie_node *n, char **levels, size_t i, size_t
 	return c != NULL && match_at(c, levels, i + 1, depth, dollar);
 }
 
+/* How many filter occurrences match the topic's levels from `n` on (as match_at, summed). */
+static size_t count_at(const struct ftrie_node *n, char **levels, size_t i, size_t depth,
+		bool dollar)
+{
+	const struct ftrie_node *c;
+	size_t sum;
+
+	if(i == depth){
+		c = child(n, "#", 1); /* "a/#" matches "a" */
+		return n->count + (c != NULL ? c->count : 0);
+	}
+	sum = 0;
+	if(i > 0 || !dollar){
+		c = child(n, "#", 1);
+		if(c != NULL) sum += c->count;
+		c = child(n, "+", 1);
+		if(c != NULL) sum += count_at(c, levels, i + 1, depth, dollar);
+	}
+	if(strcmp(levels[i], "+") == 0 || strcmp(levels[i], "#") == 0) return sum;
+	c = child(n, levels[i], strlen(levels[i]));
+	return sum + (c != NULL ? count_at(c, levels, i + 1, depth, dollar) : 0);
+}
+
+/* The topic's levels: a copy with '/' cut to NULs, and pointers to each (free both). */
+static bool split(const char *topic, char **copy, char ***levels, size_t *depth)
+{
+	char *p;
+	size_t i = 0;
+
+	*depth = 1;
+	for(p = (char *)topic; *p; p++){
+		if(*p == '/') (*depth)++;
+	}
+	*copy = strdup(topic);
+	*levels = malloc(*depth * sizeof(**levels));
+	if(*copy == NULL || *levels == NULL){
+		free(*copy);
+		free(*levels);
+		return false;
+	}
+	(*levels)[i++] = *copy;
+	for(p = *copy; *p; p++){
+		if(*p == '/'){
+			*p = '\0';
+			(*levels)[i++] = p + 1;
+		}
+	}
+	return true;
+}
+
 /* Whether any filter matches `topic` (a topic name: no wildcards). On out of memory: true. */
 bool ftrie_matches(const struct ftrie *t, const char *topic)
 {
-	char *copy, *p, **levels;
-	size_t depth = 1, i = 0;
+	char *copy, **levels;
+	size_t depth;
 	bool match;
 
 	if(t->root == NULL || t->filters == 0) return false;
-	for(p = (char *)topic; *p; p++){
-		if(*p == '/') depth++;
-	}
-	copy = strdup(topic);
-	levels = malloc(depth * sizeof(*levels));
-	if(copy == NULL || levels == NULL){
-		free(copy);
-		free(levels);
+	if(!split(topic, &copy, &levels, &depth)){
 		return true; /* err on shedding: never let an unmatched copy through unnoticed */
-	}
-	levels[i++] = copy;
-	for(p = copy; *p; p++){
-		if(*p == '/'){
-			*p = '\0';
-			levels[i++] = p + 1;
-		}
 	}
 	match = match_at(t->root, levels, 0, depth, topic[0] == '$');
 	free(levels);
 	free(copy);
 	return match;
+}
+
+/* How many filters (each occurrence added) match `topic`; SIZE_MAX on out of memory. */
+size_t ftrie_count(const struct ftrie *t, const char *topic)
+{
+	char *copy, **levels;
+	size_t depth, n;
+
+	if(t->root == NULL || t->filters == 0) return 0;
+	if(!split(topic, &copy, &levels, &depth)) return SIZE_MAX;
+	n = count_at(t->root, levels, 0, depth, topic[0] == '$');
+	free(levels);
+	free(copy);
+	return n;
 }
 
 void ftrie_free(struct ftrie *t)

@@ -14,6 +14,7 @@ struct ftrie {
 bool ftrie_add(struct ftrie *t, const char *filter);
 void ftrie_remove(struct ftrie *t, const char *filter);
 bool ftrie_matches(const struct ftrie *t, const char *topic);
+size_t ftrie_count(const struct ftrie *t, const char *topic);
 void ftrie_free(struct ftrie *t);
 
 #endif

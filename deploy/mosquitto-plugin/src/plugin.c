@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "calib.h"
+#include "capture.h"
 #include "commands.h"
 #include "cut.h"
 #include "events.h"
@@ -50,6 +51,8 @@ struct module_opts {
 	const char *journal_dir;  /* journal.c; NULL: no journal */
 	uint64_t journal_max_age; /* seconds */
 	uint64_t max_queued;      /* Mosquitto's max_queued_messages, for inject.c (0: unknown) */
+	const char *capture_socket; /* capture.c; NULL: capture off */
+	uint64_t capture_max_bytes;
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -153,6 +156,8 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->journal_dir = NULL;
 	mo->journal_max_age = 3600;
 	mo->max_queued = 0;
+	mo->capture_socket = NULL;
+	mo->capture_max_bytes = 64u << 20;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -216,6 +221,15 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			if(parse_u64(k, val, 0, 31536000, &mo->journal_max_age)) return -1;
 		}else if(streq(k, "max_queued_messages")){
 			if(parse_u64(k, val, 0, INT32_MAX, &mo->max_queued)) return -1;
+		}else if(streq(k, "capture_socket")){
+			if(val[0] != '\0' && val[0] != '/'){
+				mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_capture_socket must be "
+						"an absolute path (or empty: no capture), not '%s'", val);
+				return -1;
+			}
+			mo->capture_socket = val;
+		}else if(streq(k, "capture_max_bytes")){
+			if(parse_u64(k, val, 65536, UINT64_MAX / 2, &mo->capture_max_bytes)) return -1;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -353,10 +367,16 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 		case MOSQ_ACL_SUBSCRIBE:
 			shed_fwd_filter(ed->topic, true);
 			recent_fwd_filter(ed->topic, true);
+			if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) == 0){
+				capture_fwd_filter(ed->topic, true);
+			}
 			break;
 		case MOSQ_ACL_UNSUBSCRIBE:
 			shed_fwd_filter(ed->topic, false);
 			recent_fwd_filter(ed->topic, false);
+			if(sidecar_fwd_shard(mosquitto_client_id(ed->client)) == 0){
+				capture_fwd_filter(ed->topic, false);
+			}
 			break;
 		case MOSQ_ACL_READ:
 			/* not the re-check of its queued messages while a forwarding connection connects
@@ -373,6 +393,20 @@ static void on_fwd_acl(const struct mosquitto_evt_acl_check *ed)
 		default:
 			break;
 	}
+}
+
+/* `.fwd` itself (not a shard), live or its offline session, for capture: not the re-check of
+ * its queued messages while it connects. */
+static bool capturing_fwd(struct mosquitto *client)
+{
+	int state;
+
+	if(client != sidecar_fwd_conn() && sidecar_fwd_shard(mosquitto_client_id(client)) != 0){
+		return false;
+	}
+	if(mosquitto__get_state == NULL) return true;
+	state = mosquitto__get_state(client);
+	return state == MOSQ_CS_ACTIVE || state == MOSQ_CS_DISCONNECTED;
 }
 
 static bool is_recheck(struct mosquitto *client)
@@ -440,7 +474,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 {
 	struct mosquitto_evt_acl_check *ed = event_data;
 	int pass = acl_grant ? MOSQ_ERR_SUCCESS : MOSQ_ERR_PLUGIN_DEFER;
-	bool shadow, shared_check = false;
+	bool shadow, shared_check = false, recorded = false;
 	int state;
 	uint64_t origin, seq;
 
@@ -457,6 +491,14 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		}
 		/* catch-up: note the routing; the control connection's `#` only observes (recent.c) */
 		if(recent_read(ed->client, ed->topic, ed->payload, ed->payloadlen, ed->qos, ed->retain)){
+			return MOSQ_ERR_ACL_DENIED;
+		}
+		/* capture: a client's message for a plain subscription of .fwd becomes a record on
+		 * the capture socket instead of a copy Mosquitto queues (capture.c) */
+		if(!shared_check && capture_enabled() && capturing_fwd(ed->client)
+				&& capture_read(ed->topic, ed->payload, ed->payloadlen, ed->qos, &recorded)){
+			/* the record is .fwd's one copy for the journal (confirmed as before) */
+			if(recorded) journal_fwd_read(ed->topic, ed->payload, ed->payloadlen);
 			return MOSQ_ERR_ACL_DENIED;
 		}
 		/* an injected message for a live client: its queue sizes the sidecar's next batches */
@@ -580,6 +622,7 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 		}else if(streq(id, sidecar_fwd_id())){
 			sidecar_set_fwd_conn(client);
 			origin_fwd_auth(client);
+			capture_fwd_connected(mosquitto_client_clean_session(client));
 			shed_fwd_connected();
 		}else{
 			sidecar_set_conn(client);
@@ -707,6 +750,11 @@ static int on_message(int event, void *event_data, void *userdata)
 		return MOSQ_ERR_ADMINISTRATIVE_ACTION;
 	}
 	if(ed->client != fwd) journal_on_message(ed); /* before Mosquitto acks it (journal.c) */
+	/* capture.c: the identity of an ordinary client's message, for the READ checks of .fwd */
+	if(ed->client != sidecar && ed->client != fwd && !is_sidecar(ed->client)
+			&& !is_shadow(ed->client)){
+		capture_on_message(ed);
+	}
 	if(!ed->retain || ed->client == sidecar || ed->client == fwd || ed->topic == NULL){
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -797,6 +845,7 @@ static int on_tick(int event, void *event_data, void *userdata)
 	subopts_tick();
 	recent_tick();
 	journal_tick();
+	capture_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -817,6 +866,7 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	}
 	if(ed->client == sidecar_fwd_conn()){
 		origin_fwd_disconnect(ed->client);
+		capture_fwd_disconnected(client_expiry(ed->client));
 		sidecar_set_fwd_conn(NULL);
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -857,6 +907,7 @@ static void free_all(void)
 	recent_cleanup();
 	shed_cleanup();
 	journal_cleanup();
+	capture_cleanup();
 	commands_cleanup();
 	hold_clear();
 	subopts_cleanup();
@@ -909,6 +960,10 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	shed_init(mo.fwd_backlog_max);
 	recent_init(mo.catchup_ms, mo.catchup_bytes);
 	journal_init(mo.journal_dir, ev_epoch(), mo.journal_max_age);
+	if(capture_init(mo.capture_socket, mo.capture_max_bytes, strtoull(ev_epoch(), NULL, 16))){
+		free_all();
+		return MOSQ_ERR_INVAL;
+	}
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 	inject_set_max_queued((long)mo.max_queued);
 

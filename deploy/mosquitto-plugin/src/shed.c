@@ -16,7 +16,8 @@
  *     the sidecar holds unacknowledged (its last report) + the copies routed to .fwd that it
  *     has not taken (routed, counted here at each READ check, minus its running count of
  *     copies taken, from each report). A sidecar that crashed, hangs or restarts reports
- *     nothing, so every copy routed to .fwd counts until it is back.
+ *     nothing, so every copy routed to .fwd counts until it is back. With capture on
+ *     (capture.c) the records it holds unacknowledged are added, counted exactly.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@ static uint64_t fwd_since_report; /* QoS>0 copies routed to .fwd since the sidec
 static uint64_t fwd_unread;       /* routed to .fwd, not taken by the sidecar (at its last report) */
 static uint64_t fwd_reported_unacked;
 static uint64_t fwd_taken_seen;   /* the sidecar's running count of copies taken, last reported */
+static uint64_t capture_held;     /* records capture.c holds unacknowledged (exact) */
 /* the sidecar's lease: shed while mono_ms() < this (monotonic: a step of the wall clock
  * neither ends nor prolongs it) */
 static int64_t shed_until_ms;
@@ -103,9 +105,16 @@ void shed_fwd_connected(void)
 	fwd_reported_unacked = 0;
 }
 
+/* capture.c: the records it holds for the sidecar, unacknowledged (the copies Mosquitto would
+ * otherwise hold for .fwd). */
+void shed_capture_held(uint64_t records)
+{
+	capture_held = records;
+}
+
 uint64_t shed_backlog(void)
 {
-	return fwd_reported_unacked + fwd_unread + fwd_since_report;
+	return fwd_reported_unacked + fwd_unread + fwd_since_report + capture_held;
 }
 
 bool shed_active(void)
@@ -158,7 +167,7 @@ void shed_cleanup(void)
 	}
 	ftrie_free(&fwd_trie);
 	fwd_backlog_max = fwd_since_report = fwd_unread = 0;
-	fwd_reported_unacked = fwd_taken_seen = shed_total = 0;
+	fwd_reported_unacked = fwd_taken_seen = shed_total = capture_held = 0;
 	shed_until_ms = shed_logged_ms = 0;
 }
 

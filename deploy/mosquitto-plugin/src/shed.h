@@ -16,6 +16,7 @@ void shed_fwd_filter(const char *filter, bool subscribed);
 void shed_fwd_routed(uint8_t qos);
 void shed_report(uint64_t unacked, uint64_t taken, int64_t lease_ms);
 void shed_fwd_connected(void);
+void shed_capture_held(uint64_t records);
 uint64_t shed_backlog(void);
 bool shed_active(void);
 bool shed_wanted(const char *topic);

@@ -167,6 +167,22 @@ uint16_t *client_last_mid(struct mosquitto *client)
 	return (uint16_t *)((unsigned char *)client + anchor + offsetof(struct mirror_client, last_mid));
 }
 
+/* The packet Mosquitto is reading from this client (`in_packet`: during the MESSAGE callback,
+ * the PUBLISH being handled; its body is the variable header and payload, remaining_length
+ * bytes), through the same checked read; false when it cannot be read. */
+bool client_in_packet(struct mosquitto *client, const uint8_t **body, uint32_t *len,
+		uint8_t *command)
+{
+	struct mirror_client m;
+
+	if(!read_client(client, &m) || m.in_packet.payload == NULL) return false;
+	if(malloc_usable_size(m.in_packet.payload) < m.in_packet.remaining_length) return false;
+	*body = m.in_packet.payload;
+	*len = m.in_packet.remaining_length;
+	*command = m.in_packet.command;
+	return true;
+}
+
 /* The will struct, checked before anything in it is trusted. */
 static bool read_will(const struct mirror_will *p, struct mirror_will *w)
 {
