@@ -218,11 +218,6 @@ SCHEMA: dict[str, dict[str, Key]] = {
                      " survivor publishes its clients' wills"),
     },
     "routing": {
-        "capture": Key(bool, False, None, "the plugin captures each local publish peers want"
-                       " and hands it to the sidecar over a unix socket, instead of Mosquitto"
-                       " queueing a copy per forwarding subscription for the forwarding"
-                       " connection (issue 25, slice 2: docs/architecture.md \"The C"
-                       " bridge\"); needs forward_shards 1"),
         "forward_shards": Key(int, 1, _between(1, MAX_SHARDS), "connections that hold the"
                               " forwarding subscriptions (peers' interest) on the local"
                               " Mosquitto, each filter on one by a hash: Mosquitto's cost"
@@ -386,9 +381,6 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
         raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
                           "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
     _check_etcd_access(values["membership"], where_file)
-    if values["routing"]["capture"] and values["routing"]["forward_shards"] != 1:
-        raise ConfigError(f"{where_file}: routing.capture works with one forwarding connection:"
-                          " set routing.forward_shards to 1, or routing.capture to false")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
                           ("grpc", "tls_ca"), ("membership", "etcd_ca"),

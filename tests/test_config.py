@@ -51,8 +51,6 @@ def test_defaults_and_required_id():
      "mqtt.message_size_limit: expected 1024 to 41943040 bytes"),
     ({"node": {"id": "n1"}, "mqtt": {"message_size_limit": 70 << 20}},
      "would not fit a 64 MiB peer frame"),
-    ({"node": {"id": "n1"}, "routing": {"capture": True, "forward_shards": 4}},
-     "routing.capture works with one forwarding connection"),
 ])
 def test_bad_values_are_named(data, message):
     with pytest.raises(ConfigError, match=message):

@@ -106,9 +106,6 @@ def test_size_limit_identity_and_private_socket_reach_the_plugin():
     assert f"max_packet_size {max_packet_size_for(DEFAULT_MESSAGE_SIZE_LIMIT)}" in lines
     assert "plugin_opt_sidecar_socket /r/mosquitto.sock" in lines
     assert f"plugin_opt_sidecar_id {sidecar_client_id('s3')}" in lines
-    assert not [ln for ln in lines if ln.startswith("plugin_opt_capture_socket")]
-    assert "plugin_opt_capture_socket /r/capture.sock" in render(
-        _cfg(capture_socket=Path("/r/capture.sock"))).splitlines()
 
 
 def test_packet_limit_leaves_room_for_the_sidecar_and_fits_a_peer_frame():

@@ -20,10 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-
 from tests.harness.procs import ProcessGroup
-from tests.system.plugin.bench_journal import _cpu_seconds
 from tests.system.plugin.capture_peer import CapturePeer
 from tests.system.plugin.helpers import (
     SECRET,
@@ -32,7 +29,9 @@ from tests.system.plugin.helpers import (
     Broker,
     FakeSidecar,
     RawClient,
+    cpu_seconds,
     mosquitto_dir,
+    publish_windowed,
 )
 
 TOPIC = "bench/capture"
@@ -72,21 +71,10 @@ def run(messages: int, capture: bool, size: int) -> dict:
         if peer:
             peer.wait_hellos(1)
             threading.Thread(target=_acker, args=(peer, stop), daemon=True).start()
-        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-                          client_id="bench-capture-pub", protocol=mqtt.MQTTv5)
-        window = threading.Semaphore(100)
-        pub.on_publish = lambda *a: window.release()
-        pub.connect("127.0.0.1", broker.port)
-        pub.loop_start()
-        payload = b"x" * size
-        cpu0 = _cpu_seconds(broker.proc.pid)
+        cpu0 = cpu_seconds(broker.proc.pid)
         t0 = time.monotonic()
-        for _ in range(messages):
-            window.acquire()
-            pub.publish(TOPIC, payload, qos=1)
-        for _ in range(100):
-            window.acquire()
-        elapsed = time.monotonic() - t0
+        pub, elapsed = publish_windowed(broker.port, "bench-capture-pub", TOPIC, messages,
+                                        size)
 
         def got() -> int:
             return len(peer.records) if peer else len(fwd.received())
@@ -94,7 +82,7 @@ def run(messages: int, capture: bool, size: int) -> dict:
         while got() < messages and time.monotonic() - t0 < elapsed + 60:
             time.sleep(0.05)
         time.sleep(0.3)
-        cpu = _cpu_seconds(broker.proc.pid) - cpu0   # the deliveries to .fwd included
+        cpu = cpu_seconds(broker.proc.pid) - cpu0   # the deliveries to .fwd included
         received = got()
         st = sc.call("stats")["capture"]
         pub.disconnect()

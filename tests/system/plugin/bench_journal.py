@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import shutil
 import tempfile
 import threading
 import time
 import timeit
 from pathlib import Path
-
-import paho.mqtt.client as mqtt
 
 from sidecar.journal.confirmations import Confirmations
 from sidecar.journal.record import fingerprint, pack_fingerprints
@@ -36,15 +33,12 @@ from tests.system.plugin.helpers import (
     Broker,
     FakeSidecar,
     RawClient,
+    cpu_seconds,
     mosquitto_dir,
+    publish_windowed,
 )
 
 TOPIC = "bench/journal"
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _confirmer(sc: FakeSidecar, fwd: RawClient, stop: threading.Event) -> None:
@@ -77,22 +71,11 @@ def run(messages: int, journal: bool, size: int) -> dict:
         stop = threading.Event()
         confirmer = threading.Thread(target=_confirmer, args=(sc, fwd, stop), daemon=True)
         confirmer.start()
-        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-                          client_id="bench-journal-pub", protocol=mqtt.MQTTv5)
-        window = threading.Semaphore(100)
-        pub.on_publish = lambda *a: window.release()
-        pub.connect("127.0.0.1", broker.port)
-        pub.loop_start()
-        payload = b"x" * size
-        cpu0 = _cpu_seconds(broker.proc.pid)
+        cpu0 = cpu_seconds(broker.proc.pid)
         t0 = time.monotonic()
-        for _ in range(messages):
-            window.acquire()
-            pub.publish(TOPIC, payload, qos=1)
-        for _ in range(100):
-            window.acquire()
-        elapsed = time.monotonic() - t0
-        cpu = _cpu_seconds(broker.proc.pid) - cpu0
+        pub, elapsed = publish_windowed(broker.port, "bench-journal-pub", TOPIC, messages,
+                                        size)
+        cpu = cpu_seconds(broker.proc.pid) - cpu0
         while len(fwd.received()) < messages and time.monotonic() - t0 < elapsed + 30:
             time.sleep(0.05)
         time.sleep(1.2)  # the last confirmations and the plugin's truncation

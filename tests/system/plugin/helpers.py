@@ -890,3 +890,30 @@ def inject(sc: FakeSidecar, batch_id: int, data: bytes, timeout: float = 5.0) ->
             if left <= 0:
                 raise TimeoutError(f"no reply to inject batch {batch_id}")
             sc.cond.wait(left)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def publish_windowed(port: int, client_id: str, topic: str, messages: int, size: int,
+                     window: int = 100) -> tuple[mqtt.Client, float]:
+    """Publish `messages` QoS 1 messages of `size` bytes flat out, at most `window` of them
+    unacknowledged (a benchmark's load); the still connected client and the seconds until
+    the last PUBACK."""
+    pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id=client_id, protocol=mqtt.MQTTv5)
+    slots = threading.Semaphore(window)
+    pub.on_publish = lambda *a: slots.release()
+    pub.connect("127.0.0.1", port)
+    pub.loop_start()
+    payload = b"x" * size
+    t0 = time.monotonic()
+    for _ in range(messages):
+        slots.acquire()
+        pub.publish(topic, payload, qos=1)
+    for _ in range(window):
+        slots.acquire()
+    return pub, time.monotonic() - t0
