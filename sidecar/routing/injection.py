@@ -34,14 +34,21 @@ MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB lim
 MAX_BATCH_RECORDS = 10_000
 
 
+def origin_of(node: str, incarnation: int) -> str:
+    """How a batch record names where a message was first forwarded: the node and its
+    sidecar's incarnation (the forwarder's seqs start again with a new one)."""
+    return f"{node}/{incarnation}"
+
+
 def record_of(env: Envelope) -> Record:
     """The batch record of a peer's message: named by its publisher (No Local) and by its
-    identity (origin node and first seq: a moving session's cut mode), where it has them."""
+    identity (origin and first seq: a moving session's cut mode), where it has them."""
+    origin = origin_of(env.origin_node, env.origin_incarnation)
     if env.cut_client:
-        return cut_record(env.cut_client, env.origin_node, env.first_seq, env.hlc)
+        return cut_record(env.cut_client, origin, env.first_seq, env.hlc)
     return Record(env.topic, env.payload, env.qos, seq=env.first_seq, hlc=env.hlc,
                   client=env.publisher, properties=env.properties,
-                  origin=env.origin_node if env.first_seq else "")
+                  origin=origin if env.first_seq else "")
 
 
 class Injector(Protocol):

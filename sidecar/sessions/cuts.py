@@ -68,15 +68,15 @@ class MoveCuts:
         finally:
             self._own.pop(client, None)
 
-    def on_last_backlog(self, peer: str, msg: peer_pb2.SessionBacklog) -> None:
+    def on_last_backlog(self, msg: peer_pb2.SessionBacklog) -> None:
         """The old node's last frame of a hand-over: what the live hold here leaves out when
-        it is released (its identities, and `peer`'s own messages below its cut)."""
+        it is released (its identities, and the old node's own messages below its cut)."""
         if not msg.cut_seq and not msg.granted_seqs:
             return
         fields: dict[str, Any] = {"granted": [[o, s] for o, s in zip(
             msg.granted_origins, msg.granted_seqs, strict=False)]}
-        if msg.cut_seq:
-            fields["cuts"] = [[peer, msg.cut_seq]]
+        if msg.cut_seq and msg.cut_origin:
+            fields["cuts"] = [[msg.cut_origin, msg.cut_seq]]
         self._skips[msg.client] = fields
 
     def release(self, client: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.peering.handshake import SESSION_CUTS, SESSION_ORDER
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
+from sidecar.routing.injection import origin_of
 from sidecar.sessions import wire
 from sidecar.sessions.cuts import MoveCuts
 from sidecar.sessions.record import SessionRecord, replica_subscriptions
@@ -521,10 +522,13 @@ class SessionService:
         client = action.client
         cut_mode = self._cuts_with(action.owner)
         await self._sync(client)
-        cut, granted = None, []
+        cut: tuple[str, int] | None = None
+        granted: list[tuple[str, int]] = []
         if cut_mode:
-            cut = await self.cuts.own_cut(client, lambda: self._command(
+            seq = await self.cuts.own_cut(client, lambda: self._command(
                 "hold", client=client, on=True, cut=True))
+            if seq is not None:
+                cut = (origin_of(self.node_id, self.incarnation), seq)
             granted = await self._granted(client)
         else:
             await self._command("hold", client=client, on=True)
@@ -576,7 +580,8 @@ class SessionService:
 
     async def _hand_over(self, client: str, owner: str, queued: list,
                          unreleased: list[Unreleased] | tuple = (),
-                         cut: tuple[int | None, list[tuple[str, int]]] = (None, [])) -> bool:
+                         cut: tuple[tuple[str, int] | None, list[tuple[str, int]]] = (None, [])
+                         ) -> bool:
         """Send a drained session's queue to its new owner, in frames of at most
         BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
         first frame also carries the messages waiting for their release, the last one says
@@ -615,8 +620,8 @@ class SessionService:
     async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
                               unreleased: list[tuple[Unreleased, Envelope]],
                               last: bool = False,
-                              cut: tuple[int | None, list[tuple[str, int]]] = (None, [])
-                              ) -> bool:
+                              cut: tuple[tuple[str, int] | None, list[tuple[str, int]]]
+                              = (None, [])) -> bool:
         exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
@@ -661,7 +666,7 @@ class SessionService:
                 break
             self.counters["backlog_received"] += len(batch)
         if ok and msg.last:  # the whole queue is in: what reached the client meanwhile follows
-            self.cuts.on_last_backlog(peer, msg)  # ...but for what the old copy had
+            self.cuts.on_last_backlog(msg)  # ...but for what the old copy had
             self._run(self.registry.on_backlog_in(msg.client, _wall_ms()))
         self._send(peer, wire.backlog_ack_frame(msg.client, msg.exchange, ok), reply=inbound)
 

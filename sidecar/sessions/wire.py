@@ -86,14 +86,14 @@ def _records(batch: list[peer_pb2.SessionRecord], snapshot: bool) -> bytes:
 
 def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
                   unreleased: Iterable[tuple[Unreleased, Envelope]] = (),
-                  last: bool = False, cut: int | None = None,
+                  last: bool = False, cut: tuple[str, int] | None = None,
                   granted: Iterable[tuple[str, int]] = ()) -> bytes:
     """A part of a moving queue (`last`: the hand-over's last one); `unreleased`: each with
-    the envelope that carries it; `cut` and `granted`: the old node's cut and its copy's
-    identities (cut mode, sidecar.sessions.cuts)."""
+    the envelope that carries it; `cut` (origin, seq) and `granted`: the old node's cut and
+    its copy's identities (cut mode, sidecar.sessions.cuts)."""
     msg = peer_pb2.SessionBacklog(client=client, exchange=exchange, last=last)
     if cut is not None:
-        msg.cut_seq = cut
+        msg.cut_origin, msg.cut_seq = cut
     for origin, seq in granted:
         msg.granted_origins.append(origin)
         msg.granted_seqs.append(seq)

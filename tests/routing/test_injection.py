@@ -164,4 +164,4 @@ def test_records_carry_identities_and_cuts():
                                           cut_client="dev-1"))])
         (_, data, _), = fake.sent
         return [(r.kind, r.origin, r.seq, r.client) for r in decode_batch(data)[1]]
-    assert run(main()) == [(1, "n1", 3, ""), (1, "", 0, ""), (2, "n2", 12, "dev-1")]
+    assert run(main()) == [(1, "n1/7", 3, ""), (1, "", 0, ""), (2, "n2/1", 12, "dev-1")]
