@@ -60,8 +60,8 @@ log = logging.getLogger("mqfed.forward")
 FORWARD_SESSION_EXPIRY = 3600
 BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
-CUT_PREFIX = b"cut:"  # a probe carrying a moving session's cut (plugin hold.c, cut mode)
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
+CUT_PREFIX = b"cut:"  # a probe carrying a moving session's cut (plugin hold.c, cut mode)
 _ID_AND_OPTIONS = itemgetter(1, 2)  # (subscription id, no local) of a subscribe_many triple
 PACKET_FILTERS = 256
 """Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""

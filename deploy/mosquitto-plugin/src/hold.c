@@ -79,11 +79,10 @@ struct hold {
 	struct held_msg *head, *tail;
 	size_t bytes;
 	unsigned count;
-	bool cut_mode;       /* a move's copy whose origins' cuts split its messages */
-	bool old;            /* cut mode: the old copy (grants below each origin's cut) */
-	bool arm_owed;       /* cut mode: arm, with the marker, at the next tick */
-	bool hold_owed;      /* cut mode: held (plain), with the marker, at the next tick */
-	struct move *move;   /* cut mode: its cuts and identities (cut.c) */
+	bool arm_owed;       /* cut mode, new copy: arm, with the marker, at the next tick */
+	bool hold_owed;      /* cut mode, old copy: queues until the next tick, then held (plain),
+	                      * with the marker */
+	struct move *move;   /* cut mode, new copy (live): what it leaves out at release (cut.c) */
 };
 
 static struct hold *holds;
@@ -131,7 +130,6 @@ static void leave_cut_mode(struct hold *h)
 {
 	if(h->move) move_close(h->id);
 	h->move = NULL;
-	h->cut_mode = false;
 }
 
 static void remove_hold(struct hold *h)
@@ -225,12 +223,11 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 	if(live != h->live) live ? lives++ : lives--;
 	h->live = live;
 	if(!chained){
-		if(!(cut && !ring)) leave_cut_mode(h);
-		else if(!h->cut_mode && (h->move = move_open(h->id)) != NULL) h->cut_mode = true;
+		if(!(cut && live && !ring)) leave_cut_mode(h);
+		else if(h->move == NULL) h->move = move_open(h->id); /* NULL: no memory, no cuts */
 	}
 	if(!live) set_owed(h, &h->arm_owed, false);
-	/* the old copy of a move is held at the next tick, with its cut: until then it is old */
-	h->old = cut_hold;
+	/* the old copy of a move is held at the next tick, with its cut: until then it queues */
 	set_owed(h, &h->hold_owed, cut_hold);
 	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
 	return 0;
@@ -243,7 +240,7 @@ void hold_on_connect(const char *id)
 
 	if(lives == 0) return;
 	h = find(id);
-	if(h && h->live && h->cut_mode && !h->armed) set_owed(h, &h->arm_owed, true);
+	if(h && h->live && h->move && !h->armed) set_owed(h, &h->arm_owed, true);
 }
 
 /* What the ring keeps of a refused message besides topic and payload: its QoS and properties
@@ -322,9 +319,9 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(online && lives == 0) return false; /* (no lookup) */
 	h = find(id);
 	if(h == NULL) return false;
-	if(h->old) return false; /* cut mode: the old copy queues until its hold's tick */
+	if(h->hold_owed) return false; /* cut mode: the old copy queues until its hold's tick */
 	if(online && h->live){
-		if(!h->cut_mode){
+		if(h->move == NULL){
 			set_armed(h, true);
 		}else if(!h->armed){
 			/* cut mode: it arms at the tick, with its cut; before, the old copy gets it */
@@ -373,7 +370,7 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(len) memcpy(m->payload, payload, len);
 	m->len = len;
 	m->at_ms = now;
-	if(h->cut_mode && origin_read_identity(&origin, &seq)){
+	if(h->move && origin_read_identity(&origin, &seq)){
 		m->origin = origin;
 		m->seq = seq;
 	}
@@ -402,7 +399,6 @@ void hold_tick(void)
 				send_marker(h);
 			}else if(h->hold_owed){
 				set_owed(h, &h->hold_owed, false);
-				h->old = false;
 				send_marker(h);
 			}
 		}
