@@ -1,8 +1,9 @@
 """QoS 2 messages a client had acknowledged with PUBREC but not seen released (PUBREL) when it
 left a node: the old owner's plugin keeps them (command `unreleased`), its drain sends them with
 the session's queue, and the new owner's plugin sends each again under the same packet id
-(command `release`), so the client gets the release it waits for (deploy/mosquitto-plugin
-`inflight.c`)."""
+(command `release`), so the client gets the release it waits for, or only the PUBREL for one
+whose PUBREC the old owner had read (`pubrel`: the client has it, and may have completed it)
+(deploy/mosquitto-plugin `inflight.c`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ SUBSCRIPTION_IDS_MAX = 64
 
 @dataclass(frozen=True)
 class Unreleased:
-    """One such message and the packet id the client holds it under."""
+    """One such message and the packet id the client holds it under; `pubrel`: the client
+    answered it with PUBREC, so it needs only the PUBREL."""
 
     packet_id: int
     topic: str
@@ -28,6 +30,7 @@ class Unreleased:
     qos: int
     properties: MessageProperties = MessageProperties()
     subscription_ids: tuple[int, ...] = ()
+    pubrel: bool = False
 
 
 def problem(u: Unreleased) -> str | None:
@@ -55,7 +58,8 @@ def from_plugin(fields: dict[str, Any]) -> list[Unreleased]:
             out.append(Unreleased(int(item["mid"]), str(item["topic"]), payload,
                                   int(item["qos"]),
                                   properties_from_json(item.get("properties") or {}),
-                                  tuple(int(s) for s in item.get("subscription_ids") or ())))
+                                  tuple(int(s) for s in item.get("subscription_ids") or ()),
+                                  item.get("pubrel") is True))
         except (KeyError, TypeError, ValueError) as exc:  # binascii.Error, ProtocolError
             raise ValueError(f"malformed unreleased message: {exc}") from exc
     return out
@@ -72,4 +76,4 @@ def without_resent(collected: list[tuple[Any, Any]], unreleased: list[Unreleased
 def to_plugin(messages: list[Unreleased]) -> list[dict[str, Any]]:
     """The `release` command's messages."""
     return [{**deliver_item(u.topic, u.payload, u.qos, u.properties, u.subscription_ids),
-             "mid": u.packet_id} for u in messages]
+             "mid": u.packet_id, **({"pubrel": True} if u.pubrel else {})} for u in messages]

@@ -100,7 +100,7 @@ def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
     for env in envelopes:
         _add(msg.envelopes.add(), env)
     for u, env in unreleased:
-        _add(msg.unreleased.add(packet_id=u.packet_id).envelope, env)
+        _add(msg.unreleased.add(packet_id=u.packet_id, pubrel=u.pubrel).envelope, env)
     return peer_pb2.Frame(session_backlog=msg).SerializeToString()
 
 
@@ -124,7 +124,7 @@ def unreleased_from(msg: peer_pb2.SessionBacklog) -> list[Unreleased]:
     for item in msg.unreleased:
         env = _backlog_envelope(item.envelope)
         out.append(Unreleased(item.packet_id, env.topic, env.payload, env.qos, env.properties,
-                              env.subscription_ids))
+                              env.subscription_ids, item.pubrel))
     return out
 
 

@@ -25,15 +25,16 @@ def test_the_plugin_reply_becomes_messages_and_back() -> None:
         {"mid": 449, "topic": "a/b", "payload": "aGk=", "qos": 2,
          "properties": {"user": [["k", "v"]], "content_type": "text/plain"},
          "subscription_ids": [3, 9]},
-        {"mid": 450, "topic": "a/c", "payload": "", "qos": 2}]}
+        {"mid": 450, "topic": "a/c", "payload": "", "qos": 2, "pubrel": True}]}
     got = from_plugin(reply)
     assert got == [Unreleased(449, "a/b", b"hi", 2, PROPS, (3, 9)),
-                   Unreleased(450, "a/c", b"", 2)]
+                   Unreleased(450, "a/c", b"", 2, pubrel=True)]
     assert to_plugin(got) == [
         {"mid": 449, "topic": "a/b", "payload": "aGk=", "qos": 2,
          "properties": {"user": [["k", "v"]], "content_type": "text/plain"},
          "subscription_ids": [3, 9]},
-        {"mid": 450, "topic": "a/c", "payload": "", "qos": 2, "properties": {}}]
+        {"mid": 450, "topic": "a/c", "payload": "", "qos": 2, "properties": {},
+         "pubrel": True}]
     assert from_plugin({}) == [] and from_plugin({"messages": None}) == []
 
 
@@ -49,14 +50,17 @@ def test_a_malformed_reply_is_refused(item) -> None:
 
 def test_the_first_backlog_frame_carries_them_with_their_ids() -> None:
     u = Unreleased(7, "a/b", b"x", 2, PROPS, (4,))
+    released = Unreleased(8, "a/b", b"z", 2, pubrel=True)
     env = Envelope("n1", 1, 5, 9, u.topic, u.payload, u.qos, False, u.properties,
                    subscription_ids=u.subscription_ids)
+    env2 = Envelope("n1", 1, 7, 9, released.topic, released.payload, 2)
     queued = Envelope("n1", 1, 6, 9, "a/q", b"y", 1, subscription_ids=(2, 268_435_455))
-    frame = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 3, [queued], [(u, env)]))
+    frame = peer_pb2.Frame.FromString(
+        wire.backlog_frame("dev", 3, [queued], [(u, env), (released, env2)]))
     msg = frame.session_backlog
     assert [(e.topic, e.subscription_ids) for e in wire.backlog_from(msg)] == [
         ("a/q", (2, 268_435_455))]
-    assert wire.unreleased_from(msg) == [u]
+    assert wire.unreleased_from(msg) == [u, released]
     plain = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 4, [queued])).session_backlog
     assert wire.unreleased_from(plain) == []
 

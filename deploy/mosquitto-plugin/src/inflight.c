@@ -16,8 +16,21 @@
  * `last_mid` of the client just before the message is queued, at the end of a loop iteration
  * (the tick), so the next iteration's first step (`queue_plugin_msgs`) gives it that id. A
  * client holding that id acknowledges the PUBLISH with PUBREC without delivering it again
- * (MQTT 5 §4.3.3, 3.1.1 §4.3.3) and gets the PUBREL: exactly once with either method. A client
- * that had already completed it (its PUBCOMP was lost with the connection) gets it twice.
+ * (MQTT 5 §4.3.3, 3.1.1 §4.3.3) and gets the PUBREL: exactly once with either method.
+ *
+ * A message whose PUBREC Mosquitto had already read ("wait for PUBCOMP", "resend PUBREL") is
+ * marked `pubrel`: the client surely has it, and may already have completed it (its PUBCOMP
+ * lost with the connection), so a PUBLISH would be new to it. The new node sends only the
+ * PUBREL under that id, through Mosquitto's own `send__pubrel` (exported by the 2.0.11 binary,
+ * found with dlsym): a client holding the id releases the message, one that completed it
+ * answers PUBCOMP, which Mosquitto takes with a warning (unknown id). The id must be free there
+ * and far from the ids Mosquitto hands out next (else the PUBCOMP would complete another
+ * message); otherwise, or without the symbol, it goes as a PUBLISH as above. Mosquitto gives
+ * the client's send quota one back at every PUBCOMP, its id known or not: one message more
+ * would then be in flight than the client allows, and a new one would overtake the queued ones
+ * (measured: order breaks). So for 30 s after such a PUBREL the quota is brought back to the
+ * window less what is in flight (Mosquitto's own count) before each message Mosquitto routes
+ * to the client (its READ check) and at each tick.
  *
  * Mosquitto shows none of this to a plugin: the fields are read through mirrors of Debian's
  * 2.0.11 structures (src/mosquitto_broker_internal.h, lib/mosquitto_internal.h): `msgs_out`
@@ -28,6 +41,7 @@
  * on the new node (or with the mirror off) goes with a new id; so that this is rare, a session
  * a shadow makes numbers its messages from a random id (both nodes' copies of a session would
  * otherwise count from 1 and clash). */
+#include <dlfcn.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +55,8 @@
 #define TOTAL_BYTES (64u << 20)      /* over every client */
 #define WALK_MAX 200000              /* list nodes read before the list is taken as corrupt */
 #define MID_MARGIN 64                /* ids after a released one that must be free, plus queued */
+#define PUBREL_MARGIN 4096           /* ids Mosquitto may hand out before a PUBREL's PUBCOMP */
+#define SETTLE_MS 30000              /* a PUBREL's PUBCOMP may come this long after it */
 
 enum { MS_WAIT_FOR_PUBREC = 5, MS_RESEND_PUBREL = 6, MS_WAIT_FOR_PUBCOMP = 9, MS_LAST = 11,
 	MD_OUT = 1 };
@@ -97,6 +113,7 @@ struct kept {
 	uint16_t mid;
 	uint8_t qos;
 	bool owed;                       /* came from another node: Mosquitto here never had it */
+	bool pubrel;                     /* its PUBREC was read: the client needs only the PUBREL */
 	char *topic;
 	void *payload;
 	uint32_t len;
@@ -110,15 +127,26 @@ struct entry {
 	struct kept *tail;
 	unsigned count;
 	size_t bytes;
+	uint16_t rel_ids[KEEP_MAX];      /* PUBRELs sent from here: their PUBCOMPs may be on the way */
+	unsigned n_rel;
 };
 
 static enum { ST_PENDING, ST_OK, ST_OFF } state;
 static size_t msgs_out_off;          /* of msgs_out in struct mosquitto */
 static struct entry *captured;       /* by client id: kept at its disconnect here */
 static struct entry *releasing;      /* by client id: to send at the next tick */
+struct settling {                   /* a client sent PUBRELs of ours: its PUBCOMPs may come */
+	UT_hash_handle hh;
+	char *id;
+	int64_t until;
+};
+static struct settling *settling;
 static size_t total_bytes;
 static bool targeted;                /* a targeted QoS > 0 delivery queued this iteration */
-static uint64_t n_captured, n_same_id, n_new_id, n_dropped;
+static uint64_t n_captured, n_same_id, n_new_id, n_dropped, n_pubrel, n_clamped;
+typedef int (*send_pubrel_fn)(struct mosquitto *, uint16_t, const mosquitto_property *);
+static send_pubrel_fn send_pubrel;   /* Mosquitto's send__pubrel, or NULL */
+static bool send_pubrel_looked;
 
 static void turn_off(const char *why)
 {
@@ -316,6 +344,7 @@ static bool keep_one(const struct cmsg_mirror *m, void *arg)
 		mosquitto_property_free_all(&props);
 		return false;
 	}
+	k->pubrel = m->state != MS_WAIT_FOR_PUBREC;
 	append(e, k);
 	total_bytes += k->len;
 	n_captured++;
@@ -424,6 +453,7 @@ cJSON *inflight_unreleased_json(const char *id, bool live_here)
 		cJSON_AddStringToObject(o, "topic", k->topic);
 		cJSON_AddStringToObject(o, "payload", b64);
 		cJSON_AddNumberToObject(o, "qos", k->qos);
+		if(k->pubrel) cJSON_AddBoolToObject(o, "pubrel", true);
 		if(props) cJSON_AddItemToObject(o, "properties", props);
 		if(sids) cJSON_AddItemToObject(o, "subscription_ids", sids);
 		free(b64);
@@ -444,9 +474,11 @@ const char *inflight_release(const char *client, const cJSON *messages)
 	}
 	cJSON_ArrayForEach(item, messages){ /* all or nothing: each is parsed before any is kept */
 		const cJSON *mid = cJSON_GetObjectItemCaseSensitive(item, "mid");
+		const cJSON *pubrel = cJSON_GetObjectItemCaseSensitive(item, "pubrel");
 		struct json_message m;
 
 		if(!cJSON_IsNumber(mid) || mid->valuedouble < 1 || mid->valuedouble > 65535
+				|| (pubrel != NULL && !cJSON_IsBool(pubrel))
 				|| message_from_json(item, &m)){
 			error = "bad_request";
 			break;
@@ -465,6 +497,7 @@ const char *inflight_release(const char *client, const cJSON *messages)
 			error = "internal";
 			break;
 		}
+		k->pubrel = cJSON_IsTrue(pubrel) && k->qos == 2;
 		append(&parsed, k);
 	}
 	if(error == NULL && parsed.head != NULL && (e = entry_for(&releasing, client)) == NULL){
@@ -526,21 +559,149 @@ static bool publish_kept(const char *id, struct kept *k)
 	return rc == MOSQ_ERR_SUCCESS;
 }
 
+/* Whether one of the PUBRELs just sent from `e` has an id in `s`. */
+static bool clashes_rel(const struct entry *e, const struct span *s)
+{
+	for(unsigned i = 0; i < e->n_rel; i++){
+		if((unsigned)((e->rel_ids[i] - s->first + 65535) % 65535) < s->len) return true;
+	}
+	return false;
+}
+
+static void settle_from_now(const char *id)
+{
+	struct settling *st;
+
+	if(id == NULL) return;
+	HASH_FIND_STR(settling, id, st);
+	if(st == NULL){
+		st = calloc(1, sizeof(*st));
+		if(st == NULL || (st->id = xstrdup(id)) == NULL){
+			free(st);
+			return;
+		}
+		HASH_ADD_KEYPTR(hh, settling, st->id, strlen(st->id), st);
+	}
+	st->until = mono_ms() + SETTLE_MS;
+}
+
+static void settled(struct settling *st)
+{
+	HASH_DEL(settling, st);
+	free(st->id);
+	free(st);
+}
+
+/* Brings `conn`'s send quota down to its window less its QoS 1/2 messages in flight, if a
+ * PUBCOMP of ours raised it above that. */
+static void clamp_quota(struct mosquitto *conn)
+{
+	unsigned char *at = (unsigned char *)conn + msgs_out_off;
+	struct msgs_mirror m;
+	const struct cmsg_mirror *c;
+	int busy = 0, room;
+	unsigned n = 0;
+
+	if(state != ST_OK) return;
+	memcpy(&m, at, sizeof(m));
+	if(m.inflight_maximum == 0) return;
+	for(c = m.inflight; c; c = c->next){
+		if(++n > WALK_MAX || ((uintptr_t)c & 7) || c->direction != MD_OUT || c->qos > 2){
+			turn_off("a client's message list did not look as expected");
+			return;
+		}
+		if(c->qos > 0) busy++;
+	}
+	room = (int)m.inflight_maximum - busy;
+	if(room < 0) room = 0;
+	if(m.inflight_quota > room){
+		memcpy(at + offsetof(struct msgs_mirror, inflight_quota), &room, sizeof(room));
+		n_clamped++;
+	}
+}
+
+void inflight_on_read(struct mosquitto *client)
+{
+	struct settling *st;
+	const char *id;
+
+	if(settling == NULL || (id = mosquitto_client_id(client)) == NULL) return;
+	HASH_FIND_STR(settling, id, st);
+	if(st != NULL) clamp_quota(client);
+}
+
+static send_pubrel_fn pubrel_sender(void)
+{
+	if(!send_pubrel_looked){
+		send_pubrel_looked = true;
+		*(void **)(&send_pubrel) = dlsym(RTLD_DEFAULT, "send__pubrel");
+		if(send_pubrel == NULL){
+			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: Mosquitto's send__pubrel was not "
+					"found: a QoS 2 message whose PUBCOMP was lost when its client moved to "
+					"this node is sent again as a PUBLISH (the client may take it twice)");
+		}
+	}
+	return send_pubrel;
+}
+
+/* Sends `conn` only the PUBREL of `mid` if the id is free and Mosquitto will not hand it out
+ * before the PUBCOMP comes back (moving its counter just past `mid` if need be); false when
+ * it cannot, the mirror being off included. */
+static bool pubrel_only(struct mosquitto *conn, uint16_t mid)
+{
+	struct span s = {mid, 1, 0, false};
+	send_pubrel_fn send = state == ST_OK ? pubrel_sender() : NULL;
+	uint16_t *last_mid = client_last_mid(conn);
+	unsigned ahead;
+
+	if(send == NULL || last_mid == NULL || !walk_out(conn, count_in_use, &s)
+			|| !walk_out(conn, find_clash, &s) || s.clash || state != ST_OK){
+		return false;
+	}
+	/* ids Mosquitto hands out from *last_mid + 1 on; `mid` must not be among the next ones */
+	ahead = (unsigned)((mid - *last_mid - 1 + 2 * 65535) % 65535);
+	if(ahead < s.in_use + PUBREL_MARGIN){
+		struct span after = {next_mid(mid), s.in_use + MID_MARGIN, 0, false};
+
+		if(!walk_out(conn, find_clash, &after) || after.clash || state != ST_OK) return false;
+		*last_mid = mid; /* the next ids are mid + 1, ...: mid comes round again 65,535 later */
+	}
+	if(send(conn, mid, NULL) != MOSQ_ERR_SUCCESS) return false;
+	settle_from_now(mosquitto_client_id(conn));
+	return true;
+}
+
 /* Sends the run of consecutive ids at the head of `e` with those ids, or its first message
- * with a new id when they cannot be had; `conn`: the client's live connection here, or NULL. */
+ * with a new id when they cannot be had; first, the PUBRELs of the ones marked `pubrel`;
+ * `conn`: the client's live connection here. */
 static void release_head(struct entry *e, struct mosquitto *conn)
 {
-	struct span s = {e->head->mid, 1, 0, false};
+	struct span s;
 	struct kept *k, *end;
 	uint16_t *last_mid;
 	bool same = false;
 
-	for(end = e->head; end->next && end->next->mid == next_mid(end->mid); end = end->next){
+	while((k = e->head) != NULL && k->pubrel){
+		bool released = pubrel_only(conn, k->mid);
+
+		if(!released) break;
+		e->head = k->next;
+		if(e->head == NULL) e->tail = NULL;
+		e->count--;
+		e->bytes -= k->len;
+		if(e->n_rel < KEEP_MAX) e->rel_ids[e->n_rel++] = k->mid;
+		n_pubrel++;
+		free_kept(k);
+	}
+	if(e->head == NULL) return;
+	s = (struct span){e->head->mid, 1, 0, false};
+	for(end = e->head; end->next && end->next->mid == next_mid(end->mid) && !end->next->pubrel;
+			end = end->next){
 		s.len++;
 	}
 	if(conn != NULL && state == ST_OK && walk_out(conn, count_in_use, &s)){
 		s.len += s.in_use + MID_MARGIN; /* what is queued may take the ids after them */
-		if(walk_out(conn, find_clash, &s) && !s.clash && state == ST_OK
+		if(walk_out(conn, find_clash, &s) && !s.clash && !clashes_rel(e, &s) && state == ST_OK
 				&& (last_mid = client_last_mid(conn)) != NULL){
 			*last_mid = (uint16_t)(e->head->mid - 1); /* 0 for id 1: the next id is 1 */
 			same = true;
@@ -565,8 +726,16 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session))
 {
 	struct entry *e, *tmp;
+	struct settling *st, *st_tmp;
+	int64_t now = mono_ms();
 	bool has_session;
 
+	HASH_ITER(hh, settling, st, st_tmp){
+		struct mosquitto *conn = live_conn(st->id, &has_session);
+
+		if(conn == NULL || now > st->until) settled(st); /* a reconnect resets the quota */
+		else clamp_quota(conn);
+	}
 	if(targeted){ /* queued before ours at the next iteration: they would take the ids */
 		targeted = false;
 		return;
@@ -615,11 +784,14 @@ void inflight_stats(cJSON *o)
 	cJSON_AddNumberToObject(o, "unreleased_same_id", (double)n_same_id);
 	cJSON_AddNumberToObject(o, "unreleased_new_id", (double)n_new_id);
 	cJSON_AddNumberToObject(o, "unreleased_dropped", (double)n_dropped);
+	cJSON_AddNumberToObject(o, "unreleased_pubrel", (double)n_pubrel);
+	cJSON_AddNumberToObject(o, "unreleased_quota_clamped", (double)n_clamped);
 }
 
 void inflight_cleanup(void)
 {
 	struct entry *e, *tmp;
+	struct settling *st, *st_tmp;
 
 	HASH_ITER(hh, captured, e, tmp) remove_entry(&captured, e);
 	HASH_ITER(hh, releasing, e, tmp) remove_entry(&releasing, e);
@@ -627,5 +799,6 @@ void inflight_cleanup(void)
 	msgs_out_off = 0;
 	total_bytes = 0;
 	targeted = false;
-	n_captured = n_same_id = n_new_id = n_dropped = 0;
+	HASH_ITER(hh, settling, st, st_tmp) settled(st);
+	n_captured = n_same_id = n_new_id = n_dropped = n_pubrel = n_clamped = 0;
 }

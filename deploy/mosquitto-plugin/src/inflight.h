@@ -31,6 +31,9 @@ void inflight_note_targeted(void);
  * connection here, or NULL and whether its session is here). A client offline here keeps
  * them (owed) for its next connect here or the next node's drain. */
 void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_session));
+/* A READ check of `client`: a PUBCOMP answering a PUBREL of ours gave its send quota one
+ * place too many; taken back before Mosquitto routes it a message. */
+void inflight_on_read(struct mosquitto *client);
 /* A client (not a shadow) connected here: Mosquitto resends its own PUBRELs; the messages
  * owed from another node are released at the tick (all are dropped for a new session). */
 void inflight_on_client_connect(const char *id, bool session_present);

@@ -501,6 +501,7 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 			if(recorded) journal_fwd_read(ed->topic, ed->payload, ed->payloadlen);
 			return MOSQ_ERR_ACL_DENIED;
 		}
+		inflight_on_read(ed->client); /* before Mosquitto may queue it (inflight.c) */
 		/* an injected message for a live client: its queue sizes the sidecar's next batches */
 		if(origin_read_injected() && !is_sidecar(ed->client) && mosquitto__get_state
 				&& mosquitto__get_state(ed->client) == MOSQ_CS_ACTIVE && !is_shadow(ed->client)){

@@ -1,8 +1,9 @@
 """QoS 2 messages between PUBREC and PUBCOMP when their client leaves (plugin `inflight.c`,
 issue 17), on a real Mosquitto: the plugin keeps them at the client's disconnect (command
 `unreleased`), and `release` sends them to a client under the same packet ids, followed by
-their PUBREL; an id in use there gets a new id; a client offline there keeps them for its
-resume or the next node; without a session there they are dropped."""
+their PUBREL, or only the PUBREL for those whose PUBREC Mosquitto had read (the client has
+them, and may have completed them); an id in use there gets a new id; a client offline there
+keeps them for its resume or the next node; without a session there they are dropped."""
 
 from __future__ import annotations
 
@@ -38,27 +39,80 @@ def _left_between_pubrec_and_pubcomp(clients, broker, sidecar, name: str, topic:
     return mids
 
 
-def test_unreleased_keeps_what_awaited_its_pubcomp_and_release_uses_the_same_ids(
+def test_unreleased_keeps_what_awaited_its_pubcomp_and_release_sends_only_the_pubrels(
         broker, sidecar, clients):
     mids = _left_between_pubrec_and_pubcomp(clients, broker, sidecar, "leaver", "inf/a", 3,
                                             sub_id=5)
     kept = sidecar.call("unreleased", client="leaver")
     assert kept["ok"] is True
     assert [(m["mid"], m["topic"], base64.b64decode(m["payload"]), m["qos"],
-             m.get("subscription_ids")) for m in kept["messages"]] == [
-        (mid, "inf/a", f"m{i}".encode(), 2, [5]) for i, mid in enumerate(mids)]
+             m.get("subscription_ids"), m.get("pubrel")) for m in kept["messages"]] == [
+        (mid, "inf/a", f"m{i}".encode(), 2, [5], True) for i, mid in enumerate(mids)]
     assert sidecar.call("stats")["inflight_reading"] == "ok"
 
-    # where it resumed (here: another client id on this Mosquitto, connected)
+    # where it resumed (here: another client id on this Mosquitto, connected): the client
+    # read these PUBLISHes and answered PUBREC, so it needs only the PUBRELs; one that had
+    # completed them (its PUBCOMP lost) would take a PUBLISH as new
     back = _raw(clients, broker, "resumer", session_expiry=300)
     done = sidecar.call("release", client="resumer", messages=kept["messages"])
     assert done["ok"] is True, done
-    got = back.wait_messages(lambda m: m.topic == "inf/a", count=3)
+    wait_for(lambda: back.pubrels == mids, 5, "the PUBRELs under the same ids")
+    back.publish("inf/still", b"", qos=1)  # its PUBCOMPs (ids unknown here) kept it connected
+    assert back.messages == []
+    stats = sidecar.call("stats")
+    assert stats["unreleased_pubrel"] == 3, stats
+    assert stats["unreleased_same_id"] == 0 and stats["unreleased_new_id"] == 0, stats
+    # as a PUBLISH (an older node's release, without `pubrel`): same ids, then the PUBRELs
+    again = _raw(clients, broker, "resumer-2", session_expiry=300)
+    plain = [{k: v for k, v in m.items() if k != "pubrel"} for m in kept["messages"]]
+    assert sidecar.call("release", client="resumer-2", messages=plain)["ok"] is True
+    got = again.wait_messages(lambda m: m.topic == "inf/a", count=3)
     assert [(m.mid, m.payload, m.qos, m.sub_ids) for m in got] == [
         (mid, f"m{i}".encode(), 2, [5]) for i, mid in enumerate(mids)]
-    wait_for(lambda: back.pubrels == mids, 5, "the PUBRELs under the same ids")
-    stats = sidecar.call("stats")
-    assert stats["unreleased_same_id"] == 3 and stats["unreleased_new_id"] == 0, stats
+    wait_for(lambda: again.pubrels == mids, 5, "the PUBRELs after the PUBLISHes")
+    assert sidecar.call("stats")["unreleased_same_id"] == 3
+
+
+def test_a_pubrel_near_the_next_ids_moves_mosquittos_counter_past_it(
+        broker, sidecar, clients):
+    fresh = _raw(clients, broker, "fresh", session_expiry=300)  # its next id is 1
+    fresh.subscribe("inf/n", 1)
+    item = {**_item(3, "inf/n", b"old"), "pubrel": True}
+    assert sidecar.call("release", client="fresh", messages=[item])["ok"] is True
+    wait_for(lambda: fresh.pubrels == [3], 5, "the PUBREL")
+    pub = clients(RawClient(f"pub-{time.time_ns()}", port=broker.port))
+    pub.connect()
+    pub.publish("inf/n", b"new", qos=1)
+    got = fresh.wait_messages(lambda m: m.topic == "inf/n")
+    assert got[0].payload == b"new" and got[0].mid == 4, got  # not 3: its PUBCOMP may be late
+
+
+def test_a_pubrels_pubcomp_gives_the_client_no_place_more_in_its_window(
+        broker, sidecar, clients):
+    """Mosquitto gives a place back at every PUBCOMP, its id known or not: without taking it
+    back, one message more would be in flight than the client allows, and a new message
+    would overtake the queued ones."""
+    rm = _raw(clients, broker, "window", session_expiry=300, hold_pubrec=True,
+              receive_maximum=2)
+    rm.subscribe("inf/w", 2)
+    pub = clients(RawClient(f"pub-{time.time_ns()}", port=broker.port))
+    pub.connect()
+    pub.publish2("inf/w", b"w0")
+    first = rm.wait_messages(lambda m: m.topic == "inf/w")[0]
+    pub.publish2("inf/w", b"w1")
+    rm.wait_messages(lambda m: m.topic == "inf/w", count=2)  # the window is full
+    item = {**_item(40000, "inf/w", b"old"), "pubrel": True}
+    assert sidecar.call("release", client="window", messages=[item])["ok"] is True
+    wait_for(lambda: 40000 in rm.pubrels, 5, "the PUBREL")
+    time.sleep(0.2)  # its PUBCOMP is in
+    for i in range(2, 7):
+        pub.publish2("inf/w", f"w{i}".encode())
+    time.sleep(0.3)
+    assert [m.payload for m in rm.received(lambda m: m.topic == "inf/w")] == [b"w0", b"w1"]
+    rm._send(0x50, first.mid.to_bytes(2, "big"))  # PUBREC; its PUBREL, PUBCOMP free a place
+    got = rm.wait_messages(lambda m: m.topic == "inf/w", count=3)
+    assert [m.payload for m in got][:3] == [b"w0", b"w1", b"w2"]  # the queue's order
+    assert sidecar.call("stats")["unreleased_quota_clamped"] >= 1
 
 
 def test_a_message_still_waiting_for_its_pubrec_is_kept_too(broker, sidecar, clients):
@@ -106,9 +160,14 @@ def test_an_id_in_use_gets_a_new_id_and_a_client_without_a_session_nothing(
     assert sidecar.call("release", client="busy", messages=[item])["ok"] is True
     got = busy.wait_messages(lambda m: m.topic == "inf/x")
     assert got and got[0].mid != in_use
+    # a PUBREL under an id in use would complete another message: it goes as a PUBLISH
+    rel = {**_item(in_use, "inf/y", b"y"), "pubrel": True}
+    assert sidecar.call("release", client="busy", messages=[rel])["ok"] is True
+    got = busy.wait_messages(lambda m: m.topic == "inf/y")
+    assert got and got[0].mid != in_use and busy.pubrels.count(in_use) == 1
     assert sidecar.call("release", client="nobody-here", messages=[item])["ok"] is True
     wait_for(lambda: sidecar.call("stats")["unreleased_dropped"] == 1, 5, "one dropped")
-    assert sidecar.call("stats")["unreleased_new_id"] == 1
+    assert sidecar.call("stats")["unreleased_new_id"] == 2
 
 
 def test_a_client_offline_here_keeps_them_for_its_resume_or_the_next_node(
@@ -155,6 +214,7 @@ def test_release_refuses_bad_messages(broker, sidecar):
                 {"client": "x", "messages": [{**good, "qos": 0}]},
                 {"client": "x", "messages": [{**good, "topic": "a/#"}]},
                 {"client": "x", "messages": [{**good, "payload": "%%%"}]},
+                {"client": "x", "messages": [{**good, "pubrel": 1}]},
                 {"client": "x", "messages": [good] * 257}):
         rep = sidecar.call("release", **bad)
         assert rep["ok"] is False and rep["error"] == "bad_request", (bad, rep)

@@ -282,9 +282,10 @@ def test_a_move_onwards_before_the_old_queue_arrived_keeps_publish_order(shared_
 
 def test_twenty_moves_under_qos2_traffic_release_what_waited_for_its_pubrel(shared_cluster):
     """The same at QoS 2. A message the client had acknowledged with PUBREC on the node it
-    left, but not yet seen released, is sent again by the new node under the same packet id
-    (plugin `inflight.c`), so the client gets its PUBREL there: nothing lost (before, about
-    one such message per move was, since paho hands a QoS 2 message over at its PUBREL).
+    left, but not yet seen released, gets its PUBREL from the new node (plugin `inflight.c`:
+    the PUBREL alone when the old node had read the PUBREC, else the PUBLISH again under the
+    same packet id first): nothing lost (before, about one such message per move was, since
+    paho hands a QoS 2 message over at its PUBREL).
     Duplicates of the handover window are counted and printed (issue 17: not exactly once
     there yet)."""
     cluster = shared_cluster
@@ -300,7 +301,8 @@ def test_twenty_moves_under_qos2_traffic_release_what_waited_for_its_pubrel(shar
     assert released <= sum(cluster.metrics(n)[("mqfed_session_unreleased_messages_total",
                                                (("outcome", "received"),))]
                            for n in ("n1", "n2", "n3"))  # (the state file lags a little)
-    # a message stored at a PUBLISH on one connection and handed over on a later one came
+    # a message stored at a PUBLISH on one connection and handed over on a later one got its
+    # PUBREL there: alone if the old node had read its PUBREC, else after the same PUBLISH
     # again under the same packet id (besides, maybe, a copy of the handover window)
     delivered_on = {}
     for conn, payload in dev.deliveries:
@@ -312,16 +314,17 @@ def test_twenty_moves_under_qos2_traffic_release_what_waited_for_its_pubrel(shar
             first[payload] = (conn, mid)
         elif conn > first[payload][0]:
             again.setdefault(payload, set()).add(mid)
-    waited = [p for p, (conn, _) in first.items() if delivered_on.get(p, conn) > conn
-              and p in again]
-    same = [p for p in waited if first[p][1] in again[p]]
+    waited = [p for p, (conn, _) in first.items() if delivered_on.get(p, conn) > conn]
+    alone = [p for p in waited if p not in again]
+    same = [p for p in waited if p in again and first[p][1] in again[p]]
     print(f"20 moves at QoS 2: {len(sent)} sent, {len(got) - len(set(got))} duplicates; "
           f"{released} released on the new node, {len(waited)} seen waiting for their PUBREL "
-          f"across a move, {len(same)} of them under the same packet id")
+          f"across a move: {len(alone)} got the PUBREL alone, {len(same)} the PUBLISH again "
+          f"under the same packet id")
     # an id still in use on the new node goes with a new id (a random start makes that rare:
     # about 0.2 % of moves); the client still gets the message once
-    assert waited and len(same) >= len(waited) - 2, \
-        [(p, first[p], again[p]) for p in waited if p not in same][:5]
+    assert waited and len(alone) + len(same) >= len(waited) - 2, \
+        [(p, first[p], again.get(p)) for p in waited if p not in same and p not in alone][:5]
     dev.leave()
 
 
