@@ -735,12 +735,12 @@ static void cmd_stats(const struct request *rq)
 	struct origin_stats og;
 	struct inject_stats ij;
 	struct shed_stats sh;
-	uint64_t held, ring_messages, ring_bytes, replayed;
+	uint64_t held, ring_messages, ring_bytes, replayed, replays_waited;
 
 	ev_stats(&ev);
 	origin_stats(&og);
 	inject_stats(&ij);
-	hold_stats(&held, &ring_messages, &ring_bytes, &replayed);
+	hold_stats(&held, &ring_messages, &ring_bytes, &replayed, &replays_waited);
 	shed_stats(&sh);
 	if(o){
 		cJSON_AddStringToObject(o, "epoch", ev_epoch());
@@ -762,6 +762,7 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "ring_messages", (double)ring_messages);
 		cJSON_AddNumberToObject(o, "ring_bytes", (double)ring_bytes);
 		cJSON_AddNumberToObject(o, "replayed", (double)replayed);
+		cJSON_AddNumberToObject(o, "replays_waited", (double)replays_waited);
 		cJSON_AddNumberToObject(o, "published", (double)ev.published);
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
 		cJSON_AddNumberToObject(o, "inject_batches", (double)ij.batches);

@@ -10,6 +10,9 @@
  *   must queue. The replay is done at the next tick (the end of Mosquitto's loop iteration),
  *   so the plugin's publishes are queued at the start of the next iteration, before any
  *   message read then; until that tick the session is still refused (and the ring grows).
+ *   A batch injected in that iteration (inject.c) is already in Mosquitto's plugin queue,
+ *   ahead of the replay: a hold that keeps (a ring, an armed live hold) then waits for a tick
+ *   with no injection before it (at most WAIT_MAX_MS), keeping those messages after the rest.
  * - A live hold (`live`): a session moving here whose old node will hand its queue over.
  *   Until its client connects, a plain hold. Once it has connected (armed), what Mosquitto
  *   routes to the client, online or not, is refused and kept (QoS 0 too while online; a
@@ -41,6 +44,7 @@
 
 #include "cut.h"
 #include "hold.h"
+#include "inject.h"
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
@@ -51,6 +55,7 @@
 #define RING_MESSAGES_PER_HOLD 20000u
 #define RING_BYTES_TOTAL ((uint64_t)64 << 20) /* over every ring */
 #define LIVE_MAX_MS 30000                  /* an armed live hold releases itself after this */
+#define WAIT_MAX_MS 200                    /* a replay waits for a tick without injection */
 
 struct held_msg {
 	struct held_msg *next;
@@ -74,6 +79,7 @@ struct hold {
 	bool armed;
 	int64_t armed_ms;
 	bool releasing;      /* replay at the next tick, then remove */
+	int64_t waiting_ms;  /* since when the replay waits for a tick without injection (0: not) */
 	bool keep;           /* ...then stay on, plain (held again while releasing a live ring) */
 	int64_t since_ms;
 	struct held_msg *head, *tail;
@@ -91,7 +97,7 @@ static unsigned rings;           /* ring holds */
 static unsigned armed;           /* armed live holds */
 static unsigned lives;           /* live holds: a connected client's checks look only then */
 static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
-static uint64_t ring_bytes, ring_messages, replayed;
+static uint64_t ring_bytes, ring_messages, replayed, replays_waited;
 static unsigned owed;            /* holds with an arm or a hold owed at the next tick */
 
 
@@ -389,6 +395,8 @@ void hold_tick(void)
 {
 	struct hold *h, *tmp;
 	struct held_msg *m;
+	bool injected = inject_take_queued();
+	int64_t now_mono = 0;
 
 	cut_tick(mono_ms());
 	if(owed > 0){ /* cut mode: arms and holds take effect now, each with its cut's marker */
@@ -416,6 +424,15 @@ void hold_tick(void)
 	if(releasing == 0) return;
 	HASH_ITER(hh, holds, h, tmp){
 		if(!h->releasing) continue;
+		if(injected && (h->armed || h->ring)){ /* routed next, ahead of a replay now */
+			if(now_mono == 0) now_mono = mono_ms();
+			if(h->waiting_ms == 0) h->waiting_ms = now_mono;
+			if(now_mono - h->waiting_ms < WAIT_MAX_MS){
+				replays_waited++;
+				continue;
+			}
+		}
+		h->waiting_ms = 0;
 		for(m = h->head; m; m = m->next){
 			if(m->at_ms < h->since_ms) continue;
 			if(h->move && m->qos > 0 && move_skips(h->move, m->origin, m->seq)){
@@ -457,12 +474,14 @@ int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cut
 	return 0;
 }
 
-void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays)
+void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays,
+		uint64_t *waited)
 {
 	*held = HASH_COUNT(holds);
 	*messages = ring_messages;
 	*bytes = ring_bytes;
 	*replays = replayed;
+	*waited = replays_waited;
 }
 
 void hold_clear(void)
@@ -478,5 +497,5 @@ void hold_clear(void)
 	armed = lives = owed = 0;
 	armed_checked_ms = 0;
 	origin_keep_props(false);
-	ring_bytes = ring_messages = replayed = 0;
+	ring_bytes = ring_messages = replayed = replays_waited = 0;
 }

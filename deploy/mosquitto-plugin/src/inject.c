@@ -73,6 +73,7 @@ struct owed {
 };
 static struct owed *owed_head, **owed_tail = &owed_head;
 static int fullest = -1;     /* the fullest queue seen in this iteration's routing (-1: none) */
+static bool queued_now;      /* a batch's message went into Mosquitto's queue this iteration */
 
 #define FULL_NUM 3                /* near the bound: max_queued_messages * 3 / 8 */
 #define FULL_DEN 8
@@ -258,6 +259,14 @@ static void slow_tick(void)
 	}
 }
 
+bool inject_take_queued(void)
+{
+	bool was = queued_now;
+
+	queued_now = false;
+	return was;
+}
+
 void inject_tick(void)
 {
 	struct owed *o, **link = &owed_head;
@@ -397,6 +406,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 			return;
 		}
 		m[i].props = NULL; /* Mosquitto owns them now */
+		queued_now = true;
 	}
 	n_batches++;
 	n_messages += n;
@@ -426,6 +436,7 @@ void inject_cleanup(void)
 	owed_tail = &owed_head;
 	fullest = -1;
 	n_batches = n_messages = n_refused = 0;
+	queued_now = false;
 	HASH_ITER(hh, slow_clients, s, tmp) free_slow(s);
 	n_seen = 0;
 	n_room = 0;

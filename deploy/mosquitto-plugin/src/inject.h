@@ -26,6 +26,10 @@ void inject_measure(struct mosquitto *client);
 /* A client disconnected: it starts again as any other when it is back. */
 void inject_forget(const char *id);
 /* The end of a loop iteration: the replies of the batches routed in it. */
+/* Whether a batch's message went into Mosquitto's plugin queue since the last call: it is
+ * routed at the top of the next iteration, ahead of what the plugin publishes after it
+ * (hold.c waits a tick with its replays). */
+bool inject_take_queued(void);
 void inject_tick(void);
 void inject_stats(struct inject_stats *s);
 void inject_cleanup(void);

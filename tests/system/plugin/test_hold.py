@@ -4,6 +4,7 @@ ring hold keeps what it refused and replays it, in order, when released with `si
 from __future__ import annotations
 
 import base64
+import signal
 import time
 
 import pytest
@@ -12,7 +13,15 @@ from paho.mqtt.properties import Properties
 
 from sidecar.local.batch import INJECT_TOPIC, Record, encode_batch
 from sidecar.message import MessageProperties
-from tests.system.plugin.helpers import SECRET, SIDECAR_ID, SIDECAR_USER, Client, FakeSidecar
+from tests.harness.procs import wait_for
+from tests.system.plugin.helpers import (
+    REPLIES,
+    SECRET,
+    SIDECAR_ID,
+    SIDECAR_USER,
+    Client,
+    FakeSidecar,
+)
 
 
 def _sleeper(client_factory, sidecar, name: str, topic: str):
@@ -258,6 +267,32 @@ def test_a_live_hold_gives_the_moved_queue_before_what_came_meanwhile(broker, si
     assert [m.qos for m in got][5] == 0
     stats = sidecar.call("stats")
     assert stats["held"] == 0 and stats["ring_messages"] == 0
+
+
+def test_a_release_in_the_loop_iteration_of_an_injection_keeps_publish_order(
+        broker, sidecar, client_factory, clients):
+    """A batch the plugin injected in the iteration whose tick releases a live hold is queued
+    ahead of the hold's replay (Mosquitto routes plugin publishes in order at the next
+    iteration): the hold keeps refusing, and keeping, until a tick with no injection before
+    it, so the injected message comes after what the hold kept."""
+    c = _mover(client_factory, sidecar, "racer", "lv/r")
+    _publish(client_factory, "lv/r", ["L1", "L2"])
+    wait_for(lambda: sidecar.call("stats")["ring_messages"] == 2, 5, "kept")
+    fwd = clients(Client(SIDECAR_ID + ".fwd", sock=broker.sock, username=SIDECAR_USER,
+                         password=SECRET, clean_start=False, session_expiry=3600))
+    fwd.connect()
+    broker.proc.send_signal(signal.SIGSTOP)  # both arrive in one loop iteration
+    try:
+        sidecar.send({"v": 1, "id": "race", "reply": REPLIES + "race",
+                      "cmd": "hold", "client": "racer", "on": False})
+        fwd.publish(INJECT_TOPIC, encode_batch(7, [Record("lv/r", b"I1", 1)]), qos=0)
+        time.sleep(0.3)
+    finally:
+        broker.proc.send_signal(signal.SIGCONT)
+    got = c.wait_messages(lambda m: m.topic == "lv/r", count=3)
+    assert [m.payload.decode() for m in got] == ["L1", "L2", "I1"]
+    stats = sidecar.call("stats")
+    assert stats["held"] == 0 and stats["replays_waited"] >= 1, stats
 
 
 def test_a_live_hold_keeps_for_its_client_offline_again_and_grants_group_picks(
