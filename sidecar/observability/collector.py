@@ -107,6 +107,14 @@ class NodeCollector(Collector):
         moved.add_metric(["timed_out"], st.get("order_timeouts", 0))
         moved.add_metric(["moved_on"], st.get("order_moved_on", 0))
         yield moved
+        waits = _counter("session_settle_waits", "Connects kept out here (closed without a "
+                         "CONNACK, the client retries) while the node the client had just "
+                         "moved to was still taking its old queue (outcome: the move settled "
+                         "first; the wait's bound passed and the move chained).", ["outcome"])
+        waits.add_metric(["settled"], st.get("settle_waited", 0)
+                         - st.get("settle_waits_expired", 0))
+        waits.add_metric(["expired"], st.get("settle_waits_expired", 0))
+        yield waits
         yield CounterMetricFamily("mqfed_session_takeovers", "Local connections closed because "
                                   "their client id connected on another node.",
                                   value=st["takeovers"])

@@ -65,6 +65,10 @@ class SessionRecord:
     `client_connect_hlc`: after a drain handed the session to another node (a connect of the
     cluster's own, `connect_hlc`), the connect HLC of the client's last connection; 0 when
     `connect_hlc` is the client's.
+    `settles_by_ms`: the owner is still taking the client's old queue from the node it came
+    from (a move in progress) until this wall time at most (0: settled); other nodes admit
+    the client only after that, so one move never outruns the previous one's hand-over.
+    Not stored (a restarted owner has no move in progress).
     """
 
     client: str
@@ -79,6 +83,7 @@ class SessionRecord:
     deleted: bool = False
     subscriptions: dict[str, int] = field(default_factory=dict)
     client_connect_hlc: int = 0
+    settles_by_ms: int = 0
 
     @property
     def client_connect(self) -> int:

@@ -55,6 +55,8 @@ RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this f
 DEATH_LOOKBACK_MS = 5_000  # a client online on a dead owner: its replica replays this far back
 SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
 LIVE_HOLD_MS = 5_000  # a moved client's live hold waits this long for the old queue
+MOVE_SETTLE_WAIT_MS = 1_500  # a connect elsewhere waits at most this long after a move's
+# connect for its hand-over to settle (the client retries meanwhile: denied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,8 @@ class SessionRegistry:
     # client connected: until when the hold waits for it (ms)
     live_held: set[str] = field(default_factory=set)
     awaiting: dict[str, int] = field(default_factory=dict)
+    # clients kept out here while their owner settles a move: client -> until when (ms)
+    settle_waits: dict[str, int] = field(default_factory=dict)
     # nodes that hold no replicas and take no session handed off: draining ones, and peers
     # of a version without replicas (set by the adapter; `set_unavailable`)
     unavailable: frozenset[str] = frozenset()
@@ -203,7 +207,8 @@ class SessionRegistry:
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
         "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0, "ordered_moves": 0,
-        "order_timeouts": 0, "order_moved_on": 0, "order_chained": 0})
+        "order_timeouts": 0, "order_moved_on": 0, "order_chained": 0,
+        "settle_waited": 0, "settle_waits_expired": 0})
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -218,12 +223,15 @@ class SessionRegistry:
         hlc = self.clock.now(now_ms).pack()
         fresh = clean_start or not session_present
         subs = dict(old.subscriptions) if old and not fresh and not old.deleted else {}
+        self.settle_waits.pop(client, None)
+        moving = client in self.live_held and not fresh
         record = SessionRecord(client, self.node_id, hlc, hlc, protocol, expiry, fresh,
-                               True, now_ms, False, subs)
+                               True, now_ms, False, subs,
+                               settles_by_ms=now_ms + MOVE_SETTLE_WAIT_MS if moving else 0)
         self.held[client] = (hlc, True)
         if old is not None and old.owner != self.node_id and session_present:
             self.counters["moves"] += 1
-        if client in self.live_held and not fresh:
+        if moving:
             # its old node hands the queue over next: what reaches it here waits until then
             self.awaiting[client] = now_ms + LIVE_HOLD_MS
             release: list[Action] = []
@@ -412,6 +420,12 @@ class SessionRegistry:
                     self.presence[record.client] = "session"
                     self.held[record.client] = held
             self.records[record.client] = record
+            if mine is not None and record.owner not in (mine.owner, self.node_id) \
+                    and record.client in self.live_held and record.client not in self.awaiting \
+                    and self.presence.get(record.client) != "online":
+                # its client went on to another node before connecting here: the hand-over,
+                # and this node's cut, are that node's now
+                out.append(self._hold_arriving(record.client, record))
             out += self._settle(record.client, now_ms)
         return out
 
@@ -434,6 +448,11 @@ class SessionRegistry:
             if until <= now_ms:  # no end of the old queue in time: order may break, not loss
                 self.counters["order_timeouts"] += 1
                 out += self._old_queue_settled(client, now_ms)
+        for client, until in list(self.settle_waits.items()):
+            if until <= now_ms:  # its owner's move did not settle in time: admitted anyway
+                del self.settle_waits[client]
+                self.counters["settle_waits_expired"] += 1
+                out += self._settle(client, now_ms)
         if now_ms >= self.next_sweep_ms:
             self.next_sweep_ms = now_ms + SWEEP_MS
             out += self._expire_copies(now_ms)
@@ -616,8 +635,27 @@ class SessionRegistry:
         self.awaiting.pop(client, None)
         record = self.records.get(client)
         if record is None or record.owner == self.node_id:
-            return self._release(client)
+            settled: list[Action] = []
+            if record is not None and record.settles_by_ms:  # peers may admit it now
+                settled = self._store(replace(record, settles_by_ms=0,
+                                              change_hlc=self.clock.now(now_ms).pack()))
+            return self._release(client) + settled
         return self._settle(client, now_ms)
+
+    def _move_settling(self, client: str, record: SessionRecord, now_ms: int) -> bool:
+        """Whether `client`, owned elsewhere, is kept out here because its owner is still
+        taking its old queue (a move in progress): it may connect once that settles, or
+        `record.settles_by_ms` passed (then its move here chains, as without this wait)."""
+        left = record.settles_by_ms - now_ms  # (further ahead than a move waits: the
+        # owner's clock is off, not waited for)
+        waiting = (record.owner != self.node_id and record.owner in self.up
+                   and 0 < left <= MOVE_SETTLE_WAIT_MS)
+        if waiting and client not in self.settle_waits:
+            self.settle_waits[client] = record.settles_by_ms
+            self.counters["settle_waited"] += 1
+        elif not waiting:
+            self.settle_waits.pop(client, None)
+        return waiting
 
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:
         """Drop what the local Mosquitto held for `client`; returns it."""
@@ -815,7 +853,8 @@ class SessionRegistry:
         # would take over the drain's shadow, and a failed drain gives the copy back)
         want_deny = (record is not None and self._resumable(record, now_ms)
                      and (local is None or copy or client in self.unshared
-                          or self.busy.get(client) in ("replicate", "drain", "discard")))
+                          or self.busy.get(client) in ("replicate", "drain", "discard")
+                          or self._move_settling(client, record, now_ms)))
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.insert(0, Deny(client))  # ahead of an operation issued here (done in order)

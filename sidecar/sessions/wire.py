@@ -21,6 +21,7 @@ def record_to_proto(r: SessionRecord) -> peer_pb2.SessionRecord:
         client=r.client, owner=r.owner, connect_hlc=r.connect_hlc, change_hlc=r.change_hlc,
         protocol=r.protocol, session_expiry=r.expiry, fresh=r.fresh, online=r.online,
         since_ms=r.since_ms, deleted=r.deleted, client_connect_hlc=r.client_connect_hlc,
+        settles_by_ms=r.settles_by_ms,
         subscriptions=[_subscription(f, Subscription.unpack(v))
                        for f, v in r.subscriptions.items()])
 
@@ -64,7 +65,7 @@ def record_from_proto(m: peer_pb2.SessionRecord) -> SessionRecord:
         m.session_expiry if m.HasField("session_expiry") else None, m.fresh, m.online,
         m.since_ms, m.deleted,
         {s.filter: Subscription(s.qos, s.no_local, s.retain_as_published, s.identifier).pack()
-         for s in m.subscriptions}, m.client_connect_hlc)
+         for s in m.subscriptions}, m.client_connect_hlc, m.settles_by_ms)
 
 
 def records_frames(records: Iterable[SessionRecord], snapshot: bool = False) -> Iterator[bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sidecar.sessions.record import SessionRecord
 from sidecar.sessions.registry import (
     LIVE_HOLD_MS,
+    MOVE_SETTLE_WAIT_MS,
     SHADOW_USERNAME,
     Admit,
     Deny,
@@ -294,7 +295,11 @@ def test_a_moved_client_gets_the_old_queue_before_what_reaches_it_meanwhile():
     c.connect("n3", "dev", present=True)
     assert c.take("n3", Hold) == []  # still held: the old queue comes first
     assert c.take("n1", Drain) == [Drain("dev", "n3", ())]
-    assert n3.on_backlog_in("dev", c.now) == [Hold("dev", False)]
+    released = n3.on_backlog_in("dev", c.now)
+    assert released[0] == Hold("dev", False)
+    # peers learn that the move settled (a connect elsewhere waited for it)
+    [settled] = [a.record for a in released if isinstance(a, Publish)]
+    assert settled.settles_by_ms == 0 and settled.owner == "n3"
     assert n3.on_backlog_in("dev", c.now) == []  # (only once)
     assert n3.counters["ordered_moves"] == 1 and not n3.awaiting and not n3.live_held
 
@@ -362,3 +367,68 @@ def test_a_copy_waiting_for_the_old_queue_is_discarded_at_a_clean_start_elsewher
     assert c.take("n3", Discard) == [Discard("dev")] and c.take("n3", Drain) == []
     assert not n3.awaiting and n3.counters["order_moved_on"] == 1
     assert not n3.takes_backlog("dev")
+
+
+def _moving_to_n3_then_trying_n2() -> tuple[Cluster, SessionRegistry, SessionRegistry]:
+    """`dev` resumed on n3 (held live, n1's queue on its way), left at once and tried n2,
+    which made the session there (n2 sees n3 up)."""
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
+    c.connect("n3", "dev", present=True)
+    n2 = c.nodes["n2"]
+    assert 0 < n2.records["dev"].settles_by_ms - c.now <= MOVE_SETTLE_WAIT_MS
+    c.disconnect("n3", "dev")
+    n2.on_peers({"n1", "n3"}, c.now, {"n1", "n3"})
+    c.take("n2", Admit)
+    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
+    assert c.take("n2", Materialize)
+    c.run("n2", n2.on_materialized("dev", True, c.now))
+    return c, n3, n2
+
+
+def test_a_connect_elsewhere_waits_until_the_last_move_settled():
+    """n3 still takes n1's queue: n2 keeps the client out (no CONNACK, it retries) until n3
+    says the move settled, so the move to n2 does not chain (in cut mode: exactly once)."""
+    c, n3, n2 = _moving_to_n3_then_trying_n2()
+    assert c.take("n2", Admit) == [] and "dev" in n2.denied
+    assert n2.counters["settle_waited"] == 1
+    c.run("n3", n3.on_backlog_in("dev", c.now))
+    assert c.take("n2", Admit) == [Admit("dev")] and not n2.settle_waits
+    assert n2.records["dev"].settles_by_ms == 0
+    c.connect("n2", "dev", present=True)
+    assert c.take("n3", Drain) == [Drain("dev", "n2", ())]
+    assert n3.counters["order_chained"] == 0 and n3.counters["ordered_moves"] == 1
+
+
+def test_a_connect_elsewhere_is_admitted_when_the_move_takes_too_long():
+    c, _, n2 = _moving_to_n3_then_trying_n2()
+    until = n2.records["dev"].settles_by_ms
+    c.run("n2", n2.on_tick(until - 1))
+    assert c.take("n2", Admit) == []
+    c.run("n2", n2.on_tick(until))
+    assert c.take("n2", Admit) == [Admit("dev")]
+    assert n2.counters["settle_waits_expired"] == 1
+
+
+def test_no_wait_for_a_move_on_an_owner_that_is_down_or_whose_clock_is_far_off():
+    from dataclasses import replace
+    c, _, n2 = _moving_to_n3_then_trying_n2()
+    c.run("n2", n2.on_peers({"n1"}, c.now, {"n1"}))  # n3's stream went down
+    assert c.take("n2", Admit) == [Admit("dev")]
+    c, n3, n2 = _moving_to_n3_then_trying_n2()
+    record = n2.records["dev"]
+    ahead = replace(record, settles_by_ms=c.now + 10 * MOVE_SETTLE_WAIT_MS,
+                    change_hlc=record.change_hlc + 1)
+    c.run("n2", n2.on_remote([ahead], c.now))
+    assert c.take("n2", Admit) == [Admit("dev")]
+
+
+def test_a_copy_made_for_an_arriving_client_follows_its_move_elsewhere_meanwhile():
+    """n3 makes the copy (live, its hand-over from n1) while the client connects to n2 first:
+    the hold's source becomes n2, whose hand-over comes and to which n3's cut goes (it went to
+    n1, which was no longer the old copy: 20 of n2's own messages came twice)."""
+    c, n3 = _arriving({"n1", "n2"}, {"n1", "n2"})
+    assert c.take("n3", Hold) == [Hold("dev", True, live=True, source="n1")]
+    c.connect("n2", "dev", present=True)
+    assert c.take("n3", Hold) == [Hold("dev", True, live=True, source="n2")]
+    c.connect("n2", "dev", present=True)  # (the same owner again: nothing new)
+    assert c.take("n3", Hold) == []

@@ -735,12 +735,12 @@ static void cmd_stats(const struct request *rq)
 	struct origin_stats og;
 	struct inject_stats ij;
 	struct shed_stats sh;
-	uint64_t held, ring_messages, ring_bytes, replayed, replays_waited;
+	uint64_t held, ring_messages, ring_bytes, replayed, replays_waited, replays_flushed;
 
 	ev_stats(&ev);
 	origin_stats(&og);
 	inject_stats(&ij);
-	hold_stats(&held, &ring_messages, &ring_bytes, &replayed, &replays_waited);
+	hold_stats(&held, &ring_messages, &ring_bytes, &replayed, &replays_waited, &replays_flushed);
 	shed_stats(&sh);
 	if(o){
 		cJSON_AddStringToObject(o, "epoch", ev_epoch());
@@ -763,6 +763,7 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "ring_bytes", (double)ring_bytes);
 		cJSON_AddNumberToObject(o, "replayed", (double)replayed);
 		cJSON_AddNumberToObject(o, "replays_waited", (double)replays_waited);
+		cJSON_AddNumberToObject(o, "replays_flushed", (double)replays_flushed);
 		cJSON_AddNumberToObject(o, "published", (double)ev.published);
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
 		cJSON_AddNumberToObject(o, "inject_batches", (double)ij.batches);

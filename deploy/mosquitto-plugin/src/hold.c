@@ -97,7 +97,7 @@ static unsigned rings;           /* ring holds */
 static unsigned armed;           /* armed live holds */
 static unsigned lives;           /* live holds: a connected client's checks look only then */
 static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
-static uint64_t ring_bytes, ring_messages, replayed, replays_waited;
+static uint64_t ring_bytes, ring_messages, replayed, replays_waited, replays_flushed;
 static unsigned owed;            /* holds with an arm or a hold owed at the next tick */
 
 
@@ -194,15 +194,55 @@ static void set_armed(struct hold *h, bool on)
 	h->armed = on;
 }
 
+/* Deliver what `h` kept at or after its `since_ms` into its session (targeted: queued for an
+ * offline session, no READ check), less what the old copy of its move had; then empty it. */
+static void replay(struct hold *h)
+{
+	struct held_msg *m;
+
+	for(m = h->head; m; m = m->next){
+		if(m->at_ms < h->since_ms) continue;
+		if(h->move && m->qos > 0 && move_skips(h->move, m->origin, m->seq)){
+			cut_count_skipped(); /* the old copy had it */
+			continue;
+		}
+		/* Mosquitto owns the properties once it took the message */
+		if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
+					m->qos, false, m->props) == MOSQ_ERR_SUCCESS){
+			m->props = NULL;
+			replayed++;
+			if(m->qos > 0) model_note_queued(h->id);
+			/* queued for a client away (no READ check saw it): granted to its next move,
+			 * whose new copy leaves it out (cut.c; a no-op while it is connected here) */
+			if(m->qos > 0 && m->origin) cut_note_granted(h->id, m->origin, m->seq);
+		}
+	}
+	while(h->head) drop_oldest(h);
+}
+
 /* Hold `id`'s session (a ring hold keeps what it refuses; a live one, see above).
  * 0, or -1: out of memory. */
 int hold_set(const char *id, bool ring, bool live, bool cut)
 {
 	struct hold *h = find(id);
+	bool chained, cut_hold;
+
+	if(h != NULL && h->armed && h->releasing && !h->keep && !live){
+		/* its move settled (released, the replay waiting for a tick without injection)
+		 * and its client moved on since: the session takes that replay now, ahead of what
+		 * it queues until this hold takes effect, and the onward move is an ordinary one
+		 * (in cut mode). (Holding it as a chained move made the two copies overlap.) */
+		replay(h);
+		h->releasing = false;
+		h->waiting_ms = 0;
+		releasing--;
+		set_armed(h, false);
+		replays_flushed++;
+	}
 	/* its client moves on before its live ring was released: that ring, filtered by this
 	 * move's cuts, goes into the session (the onward move is not in cut mode) */
-	bool chained = h != NULL && h->armed && !live;
-	bool cut_hold = cut && !ring && !live && !chained;
+	chained = h != NULL && h->armed && !live;
+	cut_hold = cut && !ring && !live && !chained;
 
 	if(h == NULL){
 		h = calloc(1, sizeof(*h));
@@ -394,7 +434,6 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 void hold_tick(void)
 {
 	struct hold *h, *tmp;
-	struct held_msg *m;
 	bool injected = inject_take_queued();
 	int64_t now_mono = 0;
 
@@ -433,23 +472,8 @@ void hold_tick(void)
 			}
 		}
 		h->waiting_ms = 0;
-		for(m = h->head; m; m = m->next){
-			if(m->at_ms < h->since_ms) continue;
-			if(h->move && m->qos > 0 && move_skips(h->move, m->origin, m->seq)){
-				cut_count_skipped(); /* the old copy had it */
-				continue;
-			}
-			/* a targeted delivery: queued for the offline session, no READ check */
-			/* Mosquitto owns the properties once it took the message */
-			if(mosquitto_broker_publish_copy(h->id, m->topic, (int)m->len, m->payload,
-						m->qos, false, m->props) == MOSQ_ERR_SUCCESS){
-				m->props = NULL;
-				replayed++;
-				if(m->qos > 0) model_note_queued(h->id);
-			}
-		}
+		replay(h);
 		if(h->keep){ /* stays on, plain */
-			while(h->head) drop_oldest(h);
 			h->releasing = h->keep = false;
 			releasing--;
 		}else{
@@ -475,8 +499,9 @@ int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cut
 }
 
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays,
-		uint64_t *waited)
+		uint64_t *waited, uint64_t *flushed)
 {
+	*flushed = replays_flushed;
 	*held = HASH_COUNT(holds);
 	*messages = ring_messages;
 	*bytes = ring_bytes;
@@ -497,5 +522,5 @@ void hold_clear(void)
 	armed = lives = owed = 0;
 	armed_checked_ms = 0;
 	origin_keep_props(false);
-	ring_bytes = ring_messages = replayed = replays_waited = 0;
+	ring_bytes = ring_messages = replayed = replays_waited = replays_flushed = 0;
 }

@@ -14,9 +14,10 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 		const void *payload, uint32_t len, uint8_t qos);
 void hold_connected(const char *id);
 void hold_tick(void);
-/* `waited`: ticks a replay waited for, a batch injected before it (see hold.c). */
+/* `waited`: ticks a replay waited for, a batch injected before it; `flushed`: replays done at
+ * once, their client having moved on (see hold.c). */
 void hold_stats(uint64_t *held, uint64_t *ring_messages, uint64_t *ring_bytes,
-		uint64_t *replayed, uint64_t *waited);
+		uint64_t *replayed, uint64_t *waited, uint64_t *flushed);
 void hold_clear(void);
 
 #endif

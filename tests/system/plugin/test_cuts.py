@@ -5,10 +5,13 @@ tick with its own cut and, released, leaves out what the old copy had: each mess
 
 from __future__ import annotations
 
+import signal
 import time
 
-from sidecar.local.batch import Record, cut_record, encode_batch
+from sidecar.local.batch import INJECT_TOPIC, Record, cut_record, encode_batch
+from tests.harness.procs import wait_for
 from tests.system.plugin.helpers import (
+    REPLIES,
     SECRET,
     SIDECAR_ID,
     SIDECAR_USER,
@@ -175,3 +178,63 @@ def test_what_a_full_offline_queue_drops_is_not_granted_so_the_new_copy_keeps_it
     granted = sidecar.call("granted", client="full")["granted"]
     assert [seq for _, seq in granted] == [1, 2, 3]
     assert sidecar.call("stats")["offline_queue_full"] == 2
+
+
+def _kept_while_away(client_factory, sidecar, clients, broker, name: str, topic: str):
+    """`name` moved here (its live hold in cut mode, armed at its connect), 2 messages of n2
+    kept, its client gone again (on to another node) before the hold's release; returns the
+    forwarding connection."""
+    fwd = forwarding(clients, broker)
+    inject_ = Injector(sidecar)
+    offline(client_factory, sidecar, name, topic)
+    assert sidecar.call("hold", client=name, on=True, live=True, cut=True)["ok"]
+    c = client_factory(name, session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    wait_marker(fwd, f"cut:{name}".encode())
+    inject_(*msgs("n2", topic.rstrip("#") + "a", [1, 2]))
+    wait_for(lambda: sidecar.call("stats")["ring_messages"] == 2, 5, "kept")
+    c.disconnect()
+    sidecar.wait_type("disconnect", client=name, count=2)
+    return fwd
+
+
+def test_what_a_release_replays_for_a_client_away_is_granted_to_its_next_move(
+        broker, sidecar, client_factory, clients):
+    """The replay is a targeted delivery (no READ check saw it), yet the session queued it:
+    the next move's new copy must leave it out too (before: not granted, so it came twice)."""
+    _kept_while_away(client_factory, sidecar, clients, broker, "away", "aw/#")
+    assert sidecar.call("hold", client="away", on=False)["ok"]
+    wait_for(lambda: sidecar.call("stats")["held"] == 0, 5, "replayed")
+    granted = sidecar.call("granted", client="away")["granted"]
+    assert [seq for _, seq in granted] == [1, 2], granted
+
+
+def test_a_hold_that_comes_while_a_release_waits_to_replay_is_a_cut_mode_one(
+        broker, sidecar, client_factory, clients):
+    """The move settled (the release), its replay waits for a tick without injection, and the
+    client's next move holds the copy before that tick: the replay goes into the session at
+    once, granted, and the hold is the old copy's in cut mode (its marker, its cut). Before,
+    the plugin took it for a chained move (no cut): both copies delivered the overlap."""
+    fwd = _kept_while_away(client_factory, sidecar, clients, broker, "quick", "qk/#")
+    before = len(fwd.received(lambda m: m.topic == PROBE))
+    broker.proc.send_signal(signal.SIGSTOP)  # the release and the batch in one iteration
+    try:
+        sidecar.send({"v": 1, "id": "rel", "reply": REPLIES + "rel", "cmd": "hold",
+                      "client": "quick", "on": False})
+        # (on another connection: read in the same iteration, so the replay waits)
+        fwd.publish(INJECT_TOPIC, encode_batch(90, [Record("other/t", b"x", 1)]), qos=0)
+        sidecar.send({"v": 1, "id": "drain", "reply": REPLIES + "drain", "cmd": "hold",
+                      "client": "quick", "on": True, "cut": True})
+        time.sleep(0.5)  # (paho's thread writes the commands)
+    finally:
+        broker.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: len(fwd.received(lambda m: m.topic == PROBE)) > before, 5,
+             "the old copy's cut marker")
+    stats = sidecar.call("stats")
+    assert stats["replays_flushed"] == 1 and stats["ring_messages"] == 0, stats
+    assert [seq for _, seq in sidecar.call("granted", client="quick")["granted"]] == [1, 2]
+    assert sidecar.call("hold", client="quick", on=False)["ok"]
+    again = client_factory("quick", session_expiry=300, clean_start=False)
+    assert again.connect() is True
+    got = again.wait_messages(lambda m: m.topic.startswith("qk/"), count=2)
+    assert [m.payload for m in got] == [b"n2:1", b"n2:2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from sidecar.local.batch import INJECT_TOPIC, Record, cut_record, encode_batch
 from sidecar.message import MessageProperties
 from tests.harness.procs import wait_for
 from tests.system.plugin.helpers import (
+    REPLIES,
     SECRET,
     SIDECAR_ID,
     SIDECAR_USER,
@@ -262,6 +264,36 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     cuts = sc.call("stats", timeout=20)
     assert (cuts["cuts_applied"], cuts["cut_refused"], cuts["cut_skipped"]) == (2, 1, 1), cuts
     assert sc.call("hold", client="vg-old", on=False, timeout=20)["ok"]
+    # a release whose replay waits (a batch injected in its iteration) and the onward move's
+    # hold before that tick: the replay goes in at once (hold.c `replay`), granted
+    flush = client("vg-flush", session_expiry=300, clean_start=False)
+    flush.connect()
+    flush.subscribe("fl/#", 1, timeout=20)
+    flush.disconnect()
+    assert sc.call("hold", client="vg-flush", on=True, live=True, cut=True, timeout=20)["ok"]
+    flush = client("vg-flush", session_expiry=300, clean_start=False)
+    flush.connect()
+    time.sleep(0.5)  # armed at a tick
+    rings = sc.call("stats", timeout=20)["ring_messages"]
+    sc.send(encode_batch(7, [Record("fl/1", b"k", 1, seq=9, origin="n2")]), topic=INJECT_TOPIC)
+    wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings + 1, 20, "kept")
+    flush.disconnect()
+    sc.wait_type("disconnect", client="vg-flush", count=2, timeout=20)
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        sc.send({"v": 1, "id": "vg-rel", "reply": REPLIES + "vg-rel", "cmd": "hold",
+                 "client": "vg-flush", "on": False})
+        fwd.publish(INJECT_TOPIC, encode_batch(8, [Record("zz/1", b"z", 1)]))  # (.fwd's)
+        sc.send({"v": 1, "id": "vg-drain", "reply": REPLIES + "vg-drain", "cmd": "hold",
+                 "client": "vg-flush", "on": True, "cut": True})
+        time.sleep(1.5)
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    # (the flush path when the paho sidecar's two commands were written before SIGCONT; the
+    # tick's otherwise: either way the replay is granted)
+    wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings, 20, "replayed")
+    assert [q for _, q in sc.call("granted", client="vg-flush", timeout=20)["granted"]] == [9]
+    assert sc.call("hold", client="vg-flush", on=False, timeout=20)["ok"]
     assert not [m for m in member.messages if m.topic == "f/2"]
     assert [m.payload for m in shard.messages] == [b"ordinary"]
     shard.disconnect()  # its session stays
