@@ -369,6 +369,13 @@ class SessionRegistry:
     def on_discarded(self, client: str, ok: bool, now_ms: int) -> list[Action]:
         return self._finished(client, ok, now_ms, "discarded")
 
+    def on_drain_abandoned(self, client: str, now_ms: int) -> list[Action]:
+        """A drain stopped before it took anything: its client connected here meanwhile (the
+        record is this node's again), so the copy stays the session."""
+        if self.busy.get(client) == "drain":
+            del self.busy[client]
+        return self._settle(client, now_ms)
+
     def _finished(self, client: str, ok: bool, now_ms: int, what: str) -> list[Action]:
         op = self.busy.pop(client, None)
         out: list[Action] = []

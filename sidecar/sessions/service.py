@@ -167,7 +167,8 @@ class SessionService:
                          "commands_failed": 0, "frames_out": 0,
                          "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0,
                          "backlog_frames": 0, "backlog_refused": 0, "unreleased_sent": 0,
-                         "unreleased_received": 0, "unreleased_refused": 0}
+                         "unreleased_received": 0, "unreleased_refused": 0,
+                         "drains_abandoned": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
         self.cuts = MoveCuts()  # a moving session's cut mode (wired to routing by the node)
@@ -534,6 +535,16 @@ class SessionService:
             await self._command("hold", client=client, on=True)
         unreleased = await self._unreleased(action.client)
         record = self.registry.records.get(action.client)
+        if record is not None and record.owner == self.node_id:
+            # its client connected here again before the deny took effect (a quick reconnect
+            # through a round-robin front): the copy is the session again; draining it now
+            # would hand it to a node its client has left (the hold goes off after this)
+            self.counters["drains_abandoned"] += 1
+            # the node it was for waits for the end of a hand-over (a live hold): it ends
+            # empty, and that node hands what it kept back here, to the newer connect
+            await self._hand_over(client, action.owner, [])
+            self._run(self.registry.on_drain_abandoned(client, _wall_ms()))
+            return
         try:
             shadow = await self.shadows.drain(action.client, action.subscriptions,
                                               record.subscriptions if record else None)

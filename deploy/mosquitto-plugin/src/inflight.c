@@ -57,6 +57,8 @@
 #define MID_MARGIN 64                /* ids after a released one that must be free, plus queued */
 #define PUBREL_MARGIN 4096           /* ids Mosquitto may hand out before a PUBREL's PUBCOMP */
 #define SETTLE_MS 30000              /* a PUBREL's PUBCOMP may come this long after it */
+#define UNCONFIRMED_MS 2000          /* a PUBREL of ours sent this recently to a client that
+                                      * leaves may not have been answered: sent again */
 
 enum { MS_WAIT_FOR_PUBREC = 5, MS_RESEND_PUBREL = 6, MS_WAIT_FOR_PUBCOMP = 9, MS_LAST = 11,
 	MD_OUT = 1 };
@@ -114,6 +116,7 @@ struct kept {
 	uint8_t qos;
 	bool owed;                       /* came from another node: Mosquitto here never had it */
 	bool pubrel;                     /* its PUBREC was read: the client needs only the PUBREL */
+	int64_t sent_ms;                 /* (in `pubrels`) when its PUBREL went from here */
 	char *topic;
 	void *payload;
 	uint32_t len;
@@ -135,6 +138,11 @@ static enum { ST_PENDING, ST_OK, ST_OFF } state;
 static size_t msgs_out_off;          /* of msgs_out in struct mosquitto */
 static struct entry *captured;       /* by client id: kept at its disconnect here */
 static struct entry *releasing;      /* by client id: to send at the next tick */
+/* by client id: PUBRELs this module sent on the client's connection here, for UNCONFIRMED_MS.
+ * Mosquitto has no message for them (its own are resent on a resume, and copied at the
+ * disconnect), so a client that leaves before its PUBCOMP would lose the message: those go
+ * back among the kept ones at its disconnect (sent again here, or by the next node). */
+static struct entry *pubrels;
 struct settling {                   /* a client sent PUBRELs of ours: its PUBCOMPs may come */
 	UT_hash_handle hh;
 	char *id;
@@ -143,7 +151,7 @@ struct settling {                   /* a client sent PUBRELs of ours: its PUBCOM
 static struct settling *settling;
 static size_t total_bytes;
 static bool targeted;                /* a targeted QoS > 0 delivery queued this iteration */
-static uint64_t n_captured, n_same_id, n_new_id, n_dropped, n_pubrel, n_clamped;
+static uint64_t n_captured, n_same_id, n_new_id, n_dropped, n_pubrel, n_clamped, n_pubrel_again;
 static uint64_t n_offline_full;
 static long max_queued_messages;     /* Mosquitto's (0: unknown or unlimited) */
 typedef int (*send_pubrel_fn)(struct mosquitto *, uint16_t, const mosquitto_property *);
@@ -369,14 +377,46 @@ static bool keep_one(const struct cmsg_mirror *m, void *arg)
 	return true;
 }
 
+/* The PUBRELs sent to `id` in the last UNCONFIRMED_MS, to `e` (kept again, owed), first: they
+ * were released before anything Mosquitto still has in flight. */
+static void keep_unconfirmed(const char *id, struct entry *e)
+{
+	struct entry *sent;
+	struct kept *k, *next;
+	int64_t now = mono_ms();
+
+	HASH_FIND_STR(pubrels, id, sent);
+	if(sent == NULL) return;
+	for(k = sent->head; k; k = next){
+		next = k->next;
+		k->next = NULL;
+		if(e != NULL && now - k->sent_ms < UNCONFIRMED_MS && e->count < KEEP_MAX
+				&& total_bytes + k->len <= TOTAL_BYTES){
+			k->owed = true;
+			append(e, k);
+			total_bytes += k->len;
+			n_pubrel_again++;
+		}else{
+			free_kept(k);
+		}
+	}
+	sent->head = sent->tail = NULL;
+	remove_entry(&pubrels, sent);
+}
+
 void inflight_capture(struct mosquitto *conn, const char *id)
 {
 	struct entry *e;
 
 	if(id == NULL) return;
-	inflight_forget(id);
-	if(state != ST_OK) return;
+	HASH_FIND_STR(captured, id, e);
+	if(e) remove_entry(&captured, e); /* (an older capture: superseded) */
+	if(state != ST_OK){
+		keep_unconfirmed(id, NULL);
+		return;
+	}
 	e = entry_for(&captured, id);
+	keep_unconfirmed(id, e);
 	if(e == NULL) return;
 	walk_out(conn, keep_one, e);
 	if(e->head == NULL) remove_entry(&captured, e);
@@ -389,6 +429,8 @@ void inflight_forget(const char *id)
 	if(id == NULL) return;
 	HASH_FIND_STR(captured, id, e);
 	if(e) remove_entry(&captured, e);
+	HASH_FIND_STR(pubrels, id, e);
+	if(e) remove_entry(&pubrels, e);
 }
 
 void inflight_forget_ids(const char *id, const cJSON *mids)
@@ -696,6 +738,7 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 {
 	struct span s;
 	struct kept *k, *end;
+	struct entry *sent;
 	uint16_t *last_mid;
 	bool same = false;
 
@@ -709,7 +752,10 @@ static void release_head(struct entry *e, struct mosquitto *conn)
 		e->bytes -= k->len;
 		if(e->n_rel < KEEP_MAX) e->rel_ids[e->n_rel++] = k->mid;
 		n_pubrel++;
-		free_kept(k);
+		k->next = NULL;
+		k->sent_ms = mono_ms();
+		if((sent = entry_for(&pubrels, e->id)) != NULL) append(sent, k);
+		else free_kept(k);
 	}
 	if(e->head == NULL) return;
 	s = (struct span){e->head->mid, 1, 0, false};
@@ -753,6 +799,20 @@ void inflight_tick(struct mosquitto *(*live_conn)(const char *id, bool *has_sess
 
 		if(conn == NULL || now > st->until) settled(st); /* a reconnect resets the quota */
 		else clamp_quota(conn);
+	}
+	HASH_ITER(hh, pubrels, e, tmp){ /* answered by now: forgotten */
+		struct kept *k;
+
+		while((k = e->head) != NULL && now - k->sent_ms >= UNCONFIRMED_MS){
+			e->head = k->next;
+			e->count--;
+			e->bytes -= k->len;
+			free_kept(k);
+		}
+		if(e->head == NULL){
+			e->tail = NULL;
+			remove_entry(&pubrels, e);
+		}
 	}
 	if(targeted){ /* queued before ours at the next iteration: they would take the ids */
 		targeted = false;
@@ -803,6 +863,7 @@ void inflight_stats(cJSON *o)
 	cJSON_AddNumberToObject(o, "unreleased_new_id", (double)n_new_id);
 	cJSON_AddNumberToObject(o, "unreleased_dropped", (double)n_dropped);
 	cJSON_AddNumberToObject(o, "unreleased_pubrel", (double)n_pubrel);
+	cJSON_AddNumberToObject(o, "unreleased_pubrel_again", (double)n_pubrel_again);
 	cJSON_AddNumberToObject(o, "unreleased_quota_clamped", (double)n_clamped);
 	cJSON_AddNumberToObject(o, "offline_queue_full", (double)n_offline_full);
 }
@@ -814,10 +875,12 @@ void inflight_cleanup(void)
 
 	HASH_ITER(hh, captured, e, tmp) remove_entry(&captured, e);
 	HASH_ITER(hh, releasing, e, tmp) remove_entry(&releasing, e);
+	HASH_ITER(hh, pubrels, e, tmp) remove_entry(&pubrels, e);
 	state = ST_PENDING;
 	msgs_out_off = 0;
 	total_bytes = 0;
 	targeted = false;
 	HASH_ITER(hh, settling, st, st_tmp) settled(st);
 	n_captured = n_same_id = n_new_id = n_dropped = n_pubrel = n_clamped = n_offline_full = 0;
+	n_pubrel_again = 0;
 }

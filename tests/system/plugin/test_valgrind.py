@@ -410,6 +410,16 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert sc2.call("deliver", client="vg-release", topic="inf/ids", payload="", qos=1,
                     subscription_ids=[5, 0], timeout=20)["error"] == "bad_request"
     assert rel.wait_messages(lambda m: m.topic == "inf/ids", timeout=20)[0].sub_ids == [5, 6]
+    # a PUBREL alone to a client that leaves without its PUBCOMP: kept again at its disconnect
+    # (vg-release's stays sent at shutdown)
+    hop = clients(RawClient("vg-hop", port=b.port, session_expiry=300, hold_pubrel=True))
+    hop.connect(timeout=20)
+    assert sc2.call("release", client="vg-hop", messages=kept, timeout=20)["ok"]
+    wait_for(lambda: hop.pubrels, 20, "the PUBREL to vg-hop")
+    hop.disconnect()
+    sc2.wait_type("disconnect", client="vg-hop", timeout=20)
+    assert [m.get("pubrel") for m in sc2.call("unreleased", client="vg-hop",
+                                              timeout=20)["messages"]] == [True]
 
     for c in [on, p2, p3, sc2, member, both]:
         c.close()
