@@ -369,10 +369,11 @@ class SessionRegistry:
     def on_discarded(self, client: str, ok: bool, now_ms: int) -> list[Action]:
         return self._finished(client, ok, now_ms, "discarded")
 
-    def on_drain_abandoned(self, client: str, now_ms: int) -> list[Action]:
-        """A drain stopped before it took anything: its client connected here meanwhile (the
-        record is this node's again), so the copy stays the session."""
-        if self.busy.get(client) == "drain":
+    def on_abandoned(self, client: str, now_ms: int) -> list[Action]:
+        """A drain or a deletion of the copy here stopped before it began: its client
+        connected here meanwhile (the record is this node's again), so the copy stays the
+        session."""
+        if self.busy.get(client) in ("drain", "discard"):
             del self.busy[client]
         return self._settle(client, now_ms)
 

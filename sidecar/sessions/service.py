@@ -73,6 +73,7 @@ SYNC_TIMEOUT = 30.0
 """How long a peer whose stream is up has to confirm a barrier (a loaded peer is waited for;
 a peer whose stream goes down is passed over at once: what it routed here before it went
 down reaches a session that no longer queues, the limit docs/architecture.md §5 names)."""
+HANDOVER_RETARGETS = 3  # a drained queue refused by a node its client left goes to the newer
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
 BACKGROUND_SHADOWS = 8
@@ -168,7 +169,8 @@ class SessionService:
                          "sync_timeouts": 0, "frames_too_large": 0, "records_refused": 0,
                          "backlog_frames": 0, "backlog_refused": 0, "unreleased_sent": 0,
                          "unreleased_received": 0, "unreleased_refused": 0,
-                         "drains_abandoned": 0}
+                         "drains_abandoned": 0, "discards_abandoned": 0,
+                         "handovers_retargeted": 0}
         self._refused_logged = float("-inf")
         self.queued_here: int | None = None  # messages in offline sessions here (plugin)
         self.cuts = MoveCuts()  # a moving session's cut mode (wired to routing by the node)
@@ -535,15 +537,12 @@ class SessionService:
             await self._command("hold", client=client, on=True)
         unreleased = await self._unreleased(action.client)
         record = self.registry.records.get(action.client)
-        if record is not None and record.owner == self.node_id:
-            # its client connected here again before the deny took effect (a quick reconnect
-            # through a round-robin front): the copy is the session again; draining it now
-            # would hand it to a node its client has left (the hold goes off after this)
+        if self._resumed_here(client):  # (the hold goes off after this)
             self.counters["drains_abandoned"] += 1
             # the node it was for waits for the end of a hand-over (a live hold): it ends
             # empty, and that node hands what it kept back here, to the newer connect
             await self._hand_over(client, action.owner, [])
-            self._run(self.registry.on_drain_abandoned(client, _wall_ms()))
+            self._run(self.registry.on_abandoned(client, _wall_ms()))
             return
         try:
             shadow = await self.shadows.drain(action.client, action.subscriptions,
@@ -554,13 +553,32 @@ class SessionService:
             log.debug("session collected", extra={"client": action.client,
                                                    "messages": len(shadow.messages)})
             try:
-                ok = await self._hand_over(action.client, action.owner,
-                                           without_resent(shadow.messages, unreleased),
-                                           unreleased, (cut, granted))
+                ok = await self._hand_over_to_newest(action, shadow.messages, unreleased,
+                                                     (cut, granted))
             finally:
                 await self.shadows.finish(shadow, ok)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
+
+    async def _hand_over_to_newest(self, action: Drain, messages: list,
+                                   unreleased: list[Unreleased],
+                                   cut: tuple[tuple[str, int] | None, list[tuple[str, int]]]
+                                   ) -> bool:
+        """Hand the drained queue to `action.owner`; refused there because its client moved
+        on meanwhile (a newer connect elsewhere), to the node of that connect instead. Given
+        back here, the QoS 2 messages the drain's shadow had read would be lost: Mosquitto
+        then resends only their PUBRELs."""
+        client, owner = action.client, action.owner
+        queued = without_resent(messages, unreleased)
+        for _ in range(HANDOVER_RETARGETS + 1):
+            ok = await self._hand_over(client, owner, queued, unreleased, cut)
+            record = self.registry.records.get(client)
+            if ok or record is None or record.owner in (self.node_id, owner) \
+                    or record.owner not in self.peers():
+                return ok
+            owner = record.owner
+            self.counters["handovers_retargeted"] += 1
+        return False
 
     async def _granted(self, client: str) -> list[tuple[str, int]]:
         """The identities of the peers' messages this old copy queued (plugin `granted`)."""
@@ -702,14 +720,28 @@ class SessionService:
             log.warning("releasing QoS 2 messages to a moved client failed: %s", exc,
                         extra={"client": client, "messages": len(good)})
 
+    def _resumed_here(self, client: str) -> bool:
+        """Whether `client` connected here since an operation on its copy was decided (before
+        the deny that came with it took effect: a quick reconnect, e.g. through a round-robin
+        front): the copy is its live session again, and draining or deleting it would lose
+        what it holds."""
+        record = self.registry.records.get(client)
+        return record is not None and record.owner == self.node_id and not record.deleted
+
     async def _discard(self, action: Discard) -> None:
         client = action.client
         try:
             if action.urgent:
-                await self.shadows.discard(client)
+                if not self._resumed_here(client):
+                    await self.shadows.discard(client)
             else:
                 async with self._background:
-                    await self.shadows.discard(client)
+                    if not self._resumed_here(client):
+                        await self.shadows.discard(client)
+            if self._resumed_here(client):
+                self.counters["discards_abandoned"] += 1
+                self._run(self.registry.on_abandoned(client, _wall_ms()))
+                return
         except Exception as exc:
             log.warning("deleting a session failed: %s", exc, extra={"client": client})
             self._run(self.registry.on_discarded(client, False, _wall_ms()))

@@ -432,3 +432,22 @@ def test_a_copy_made_for_an_arriving_client_follows_its_move_elsewhere_meanwhile
     assert c.take("n3", Hold) == [Hold("dev", True, live=True, source="n2")]
     c.connect("n2", "dev", present=True)  # (the same owner again: nothing new)
     assert c.take("n3", Hold) == []
+
+
+def test_a_drain_abandoned_because_its_client_came_back_leaves_the_session_here():
+    """The client connected on n2 (n1 drains), then back on n1 before n1's deny took effect:
+    the adapter finds the record n1's again and abandons the drain; n1 keeps the session, no
+    failure is counted and nothing is drained."""
+    c = Cluster()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    c.connect("n2", "dev", present=True)
+    n1 = c.nodes["n1"]
+    assert c.take("n1", Drain) == [Drain("dev", "n2", ())] and n1.busy == {"dev": "drain"}
+    c.disconnect("n2", "dev")
+    c.connect("n1", "dev", present=True)  # slipped in before the deny
+    assert n1.records["dev"].owner == "n1"
+    c.run("n1", n1.on_abandoned("dev", c.now))
+    assert not n1.busy and n1.counters["failures"] == 0
+    assert c.take("n1", Drain) == [] and n1.presence["dev"] == "online"
+    assert c.take("n2", Drain) == [Drain("dev", "n1", ())]  # n2's copy comes back here
