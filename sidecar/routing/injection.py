@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sidecar.local.batch import Record, cut_record, encode_batch, encode_record
+from sidecar.local.batch import BatchError, Record, cut_record, encode_batch, encode_record
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.inject_room import GIVE_UP_AFTER, PROBE_AFTER, QueueRoom
 
@@ -32,6 +32,7 @@ log = logging.getLogger("mqfed.routing")
 REPLY_TIMEOUT = 10.0
 MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB limit: ~28 MiB)
 MAX_BATCH_RECORDS = 10_000
+UNENCODABLE_LOG_EVERY = 10.0  # seconds between warnings about messages no batch can carry
 
 
 def origin_of(node: str, incarnation: int) -> str:
@@ -77,7 +78,8 @@ class BatchInjection:
         self._ids = itertools.count(1)
         self._tickets = itertools.count(-1, -1)   # apart from the forwarding client's (> 0)
         self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0,
-                         "waits": 0, "probes": 0, "lifted": 0}
+                         "waits": 0, "probes": 0, "lifted": 0, "unencodable": 0}
+        self._unencodable_logged = float("-inf")
 
     def ticket(self) -> int:
         """A ticket for one message of a batch."""
@@ -112,7 +114,11 @@ class BatchInjection:
             limit = min(room, MAX_BATCH_RECORDS)
             while pending and len(chunk) < limit:
                 env = pending[0][1]
-                rec = carried or encode_record(record_of(env))
+                try:
+                    rec = carried or encode_record(record_of(env))
+                except BatchError as exc:
+                    self._drop(pending.popleft(), exc)
+                    continue
                 carried = None
                 if chunk and size + len(rec) > MAX_BATCH_BYTES:
                     carried = rec
@@ -121,6 +127,19 @@ class BatchInjection:
                 records.append(rec)
                 size += len(rec)
             self._send(chunk, records)
+
+    def _drop(self, item: Item, exc: BatchError) -> None:
+        """A message no batch can carry (a peer's that passed the receiver's checks but not
+        the record format's): dropped and acknowledged, so it neither stalls every message
+        after it (it did: the pump raised and never ran again) nor comes back forever."""
+        self.counters["unencodable"] += 1
+        now = time.monotonic()
+        if now - self._unencodable_logged >= UNENCODABLE_LOG_EVERY:
+            self._unencodable_logged = now
+            log.warning("dropped a peer's message that cannot be injected: %s", exc,
+                        extra={"unencodable": self.counters["unencodable"]})
+        if item[1].qos:
+            self.on_held([item[0]])
 
     def _probe_now(self) -> None:
         """No room and nothing unanswered: one message, to measure the queue again."""

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from paho.mqtt.exception import MQTTException
+
 from sidecar._proto import peer_pb2
 from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.config import TOMBSTONE_GRACE
@@ -809,7 +811,14 @@ class RoutingService(CatchUpWiring):
         """A batch the plugin did not take: message by message on the forwarding client
         (each under a new ticket; the batch's tickets are then confirmed with them)."""
         for old, env in items:
-            ticket = self.forward_client.publish(env.topic, env.payload, env.qos, env.properties)
+            try:
+                ticket = self.forward_client.publish(env.topic, env.payload, env.qos,
+                                                     env.properties)
+            except (ValueError, MQTTException) as exc:  # paho's checks: no node sends it
+                self.receiver.counters["invalid"] += 1
+                self._log_invalid(env.origin_node, str(exc), time.monotonic())
+                self._on_published([old])  # acknowledged, dropped: it would come back forever
+                continue
             self.receiver.retarget(old, ticket)
 
     def _log_invalid(self, peer: str, problem: str, now: float) -> None:

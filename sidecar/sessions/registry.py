@@ -859,10 +859,14 @@ class SessionRegistry:
         copy = local == "session" and client in self.replica
         # (a copy being drained or deleted here is not to be resumed meanwhile: its client
         # would take over the drain's shadow, and a failed drain gives the copy back)
+        # (a copy here, made for its client, that it could resume now: it waits)
+        settling = (record is not None and local is not None
+                    and self._move_settling(client, record, now_ms))
+        if not settling:
+            self.settle_waits.pop(client, None)
         want_deny = (record is not None and self._resumable(record, now_ms)
-                     and (local is None or copy or client in self.unshared
-                          or self.busy.get(client) in ("replicate", "drain", "discard")
-                          or self._move_settling(client, record, now_ms)))
+                     and (local is None or copy or client in self.unshared or settling
+                          or self.busy.get(client) in ("replicate", "drain", "discard")))
         if want_deny and client not in self.denied:
             self.denied.add(client)
             out.insert(0, Deny(client))  # ahead of an operation issued here (done in order)

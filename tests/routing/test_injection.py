@@ -165,3 +165,24 @@ def test_records_carry_identities_and_cuts():
         (_, data, _), = fake.sent
         return [(r.kind, r.origin, r.seq, r.client) for r in decode_batch(data)[1]]
     assert run(main()) == [(1, "n1/7", 3, ""), (1, "", 0, ""), (2, "n2/1", 12, "dev-1")]
+
+
+def test_a_message_no_record_can_carry_is_dropped_and_the_rest_go_on():
+    """A peer's message the record format refuses (here a topic over 65,535 bytes) used to
+    raise in the pump, which then never ran again: nothing more reached local subscribers
+    (found by the peer fuzzer). It is dropped, acknowledged, counted; the others go."""
+    async def main():
+        fake, held, failed = FakeInjector(), [], []
+        inj = BatchInjection(fake, held.extend, failed.extend)
+        bad = replace(env(1), topic="t/" + "x" * 70_000)
+        items = [(inj.ticket(), env(0)), (inj.ticket(), bad), (inj.ticket(), env(2))]
+        inj.send(items)
+        (bid, data, fut), = fake.sent
+        assert [r.seq for r in decode_batch(data)[1]] == [0, 2]
+        fut.set_result({"ok": True, "batch": bid, "count": 2})
+        await asyncio.sleep(0)
+        inj.send([(inj.ticket(), env(3))])  # the pump still runs
+        return items, held, inj.counters, len(fake.sent)
+    items, held, counters, batches = run(main())
+    assert held == [items[1][0], items[0][0], items[2][0]] and counters["unencodable"] == 1
+    assert batches == 2
