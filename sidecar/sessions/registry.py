@@ -661,8 +661,6 @@ class SessionRegistry:
         if waiting and client not in self.settle_waits:
             self.settle_waits[client] = record.settles_by_ms
             self.counters["settle_waited"] += 1
-        elif not waiting:
-            self.settle_waits.pop(client, None)
         return waiting
 
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:

@@ -728,17 +728,22 @@ class SessionService:
         record = self.registry.records.get(client)
         return record is not None and record.owner == self.node_id and not record.deleted
 
+    async def _discard_unless_resumed(self, client: str) -> bool:
+        """Delete `client`'s copy here, unless its client resumed it meanwhile (False)."""
+        if self._resumed_here(client):
+            return False
+        await self.shadows.discard(client)
+        return True
+
     async def _discard(self, action: Discard) -> None:
         client = action.client
         try:
             if action.urgent:
-                if not self._resumed_here(client):
-                    await self.shadows.discard(client)
+                deleted = await self._discard_unless_resumed(client)
             else:
                 async with self._background:
-                    if not self._resumed_here(client):
-                        await self.shadows.discard(client)
-            if self._resumed_here(client):
+                    deleted = await self._discard_unless_resumed(client)
+            if not deleted:
                 self.counters["discards_abandoned"] += 1
                 self._run(self.registry.on_abandoned(client, _wall_ms()))
                 return

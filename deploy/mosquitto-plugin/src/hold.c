@@ -183,6 +183,14 @@ static void release_at_tick(struct hold *h, int64_t since_ms, bool keep)
 	h->keep = keep;
 }
 
+/* `h` no longer replays at a tick (it did, or it is held again). */
+static void stop_releasing(struct hold *h)
+{
+	if(h->releasing) releasing--;
+	h->releasing = h->keep = false;
+	h->waiting_ms = 0;
+}
+
 static void set_armed(struct hold *h, bool on)
 {
 	if(on && !h->armed){
@@ -233,9 +241,7 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 		 * it queues until this hold takes effect, and the onward move is an ordinary one
 		 * (in cut mode). (Holding it as a chained move made the two copies overlap.) */
 		replay(h);
-		h->releasing = false;
-		h->waiting_ms = 0;
-		releasing--;
+		stop_releasing(h);
 		set_armed(h, false);
 		replays_flushed++;
 	}
@@ -259,8 +265,7 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 		set_armed(h, false);
 	}else if(h->releasing && !h->keep){
 		/* held again before the replay: keep the ring, replay nothing */
-		h->releasing = false;
-		releasing--;
+		stop_releasing(h);
 	}
 	if(!ring && !h->keep && !(live && h->armed)) while(h->head) drop_oldest(h);
 	if(ring != h->ring) ring ? rings++ : rings--;
@@ -474,8 +479,7 @@ void hold_tick(void)
 		h->waiting_ms = 0;
 		replay(h);
 		if(h->keep){ /* stays on, plain */
-			h->releasing = h->keep = false;
-			releasing--;
+			stop_releasing(h);
 		}else{
 			remove_hold(h);
 		}
@@ -501,12 +505,12 @@ int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cut
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays,
 		uint64_t *waited, uint64_t *flushed)
 {
-	*flushed = replays_flushed;
 	*held = HASH_COUNT(holds);
 	*messages = ring_messages;
 	*bytes = ring_bytes;
 	*replays = replayed;
 	*waited = replays_waited;
+	*flushed = replays_flushed;
 }
 
 void hold_clear(void)
