@@ -50,14 +50,13 @@ from sidecar.sessions.registry import (
     Resubscribe,
     SessionRegistry,
 )
-from sidecar.sessions.shadow import Shadows
+from sidecar.sessions.shadow import Queued, Shadows
 from sidecar.sessions.sqlite import SqliteSessionStore
 from sidecar.sessions.unreleased import (
     Unreleased,
     from_plugin,
     problem,
     to_plugin,
-    without_resent,
 )
 
 log = logging.getLogger("mqfed.sessions")
@@ -104,8 +103,7 @@ def _described(action: object) -> dict[str, Any]:
     return out
 
 
-def _batches(envs: list[Envelope], count: int = 0,
-             size_limit: int = 0) -> Iterator[list[Envelope]]:
+def _batches(envs: list[Any], count: int = 0, size_limit: int = 0) -> Iterator[list[Any]]:
     """`envs` in order, at most `count` messages or about `size_limit` bytes each (defaults:
     DELIVER_BATCH, DELIVER_BATCH_BYTES); one message above the size goes alone."""
     count, size_limit = count or DELIVER_BATCH, size_limit or DELIVER_BATCH_BYTES
@@ -154,7 +152,7 @@ class SessionService:
         self._up: set[str] = set()
         for record in self.store.load():
             self.registry.records[record.client] = record
-        self.shadows = Shadows(socket_path, secret, self._deliver_marker)
+        self.shadows = Shadows(socket_path, secret, self._deliver_marker, self._deliver_again)
         self._chains: dict[str, asyncio.Task] = {}
         self._background = asyncio.Semaphore(BACKGROUND_SHADOWS)
         self._others: set[asyncio.Task] = set()
@@ -545,40 +543,41 @@ class SessionService:
             self._run(self.registry.on_abandoned(client, _wall_ms()))
             return
         try:
-            shadow = await self.shadows.drain(action.client, action.subscriptions,
-                                              record.subscriptions if record else None)
+            shadow = await self.shadows.drain(
+                action.client, action.subscriptions, record.subscriptions if record else None,
+                frozenset(u.packet_id for u in unreleased))
         except Exception as exc:
             log.warning("draining a session failed: %s", exc, extra={"client": action.client})
         else:
             log.debug("session collected", extra={"client": action.client,
                                                    "messages": len(shadow.messages)})
+            taken = 0
             try:
-                ok = await self._hand_over_to_newest(action, shadow.messages, unreleased,
-                                                     (cut, granted))
+                ok, taken = await self._hand_over_to_newest(
+                    action, [q for _, q in shadow.queue()], unreleased, (cut, granted))
             finally:
-                await self.shadows.finish(shadow, ok)
+                await self.shadows.finish(shadow, ok, taken)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
-    async def _hand_over_to_newest(self, action: Drain, messages: list,
+    async def _hand_over_to_newest(self, action: Drain, queued: list,
                                    unreleased: list[Unreleased],
                                    cut: tuple[tuple[str, int] | None, list[tuple[str, int]]]
-                                   ) -> bool:
+                                   ) -> tuple[bool, int]:
         """Hand the drained queue to `action.owner`; refused there because its client moved
-        on meanwhile (a newer connect elsewhere), to the node of that connect instead. Given
-        back here, the QoS 2 messages the drain's shadow had read would be lost: Mosquitto
-        then resends only their PUBRELs."""
+        on meanwhile (a newer connect elsewhere), to the node of that connect instead (the
+        client is there: a session given back here would wait for a drain). Returns as
+        `_hand_over` does, for the last node tried."""
         client, owner = action.client, action.owner
-        queued = without_resent(messages, unreleased)
         for _ in range(HANDOVER_RETARGETS + 1):
-            ok = await self._hand_over(client, owner, queued, unreleased, cut)
+            ok, taken = await self._hand_over(client, owner, queued, unreleased, cut)
             record = self.registry.records.get(client)
             if ok or record is None or record.owner in (self.node_id, owner) \
                     or record.owner not in self.peers():
-                return ok
+                return ok, taken
             owner = record.owner
             self.counters["handovers_retargeted"] += 1
-        return False
+        return False, 0
 
     async def _granted(self, client: str) -> list[tuple[str, int]]:
         """The identities of the peers' messages this old copy queued (plugin `granted`)."""
@@ -610,15 +609,16 @@ class SessionService:
     async def _hand_over(self, client: str, owner: str, queued: list,
                          unreleased: list[Unreleased] | tuple = (),
                          cut: tuple[tuple[str, int] | None, list[tuple[str, int]]] = (None, [])
-                         ) -> bool:
+                         ) -> tuple[bool, int]:
         """Send a drained session's queue to its new owner, in frames of at most
         BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
         first frame also carries the messages waiting for their release, the last one says
         so (`last`, to an owner with `session-order`: it keeps what reaches the client
-        meanwhile until then; sent even without messages)."""
+        meanwhile until then; sent even without messages). Returns whether all went, and
+        how many of `queued` the owner took (the first, in order)."""
         ordered = SESSION_ORDER in (self.transport.capabilities(owner) or ())
         if not queued and not unreleased and not ordered:
-            return True
+            return True, 0
         hlc = self.clock.now(_wall_ms()).pack()
 
         def envelope(m: Any) -> Envelope:
@@ -627,7 +627,7 @@ class SessionService:
                             subscription_ids=m.subscription_ids)
         envs = [envelope(q) for q in queued]
         first = [(u, envelope(u)) for u in unreleased]
-        ok = True
+        ok, taken = True, 0
         parts = list(_batches(envs, BACKLOG_FRAME_MESSAGES, BACKLOG_FRAME_BYTES)) if envs \
             else [[]]
         for i, part in enumerate(parts):
@@ -639,12 +639,13 @@ class SessionService:
             first = []
             if not ok:
                 break
+            taken += len(part)
         if ok and unreleased:
             self.counters["unreleased_sent"] += len(unreleased)
         self.counters["backlog_sent" if ok else "backlog_failed"] += len(envs)
         log.debug("session messages handed over", extra={
             "client": client, "owner": owner, "messages": len(envs), "ok": ok})
-        return ok
+        return ok, taken
 
     async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
                               unreleased: list[tuple[Unreleased, Envelope]],
@@ -753,6 +754,13 @@ class SessionService:
             return
         self._run(self.registry.on_discarded(client, True, _wall_ms()))
 
+    async def _deliver_again(self, client: str, messages: list[Queued]) -> None:
+        """Deliver a failed drain's QoS 2 messages into their session here again, in order."""
+        for batch in _batches(messages):
+            await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT, client=client,
+                               messages=[deliver_item(q.topic, q.payload, q.qos, q.properties,
+                                                      q.subscription_ids) for q in batch])
+
     async def _deliver_marker(self, client: str, topic: str, payload: bytes) -> None:
         # QoS 2 like the slowest queued message: paho hands a QoS 2 message over at its
         # PUBREL, so a QoS 1 marker could overtake QoS 2 messages queued before it
@@ -781,7 +789,8 @@ class SessionService:
             counts = self.registry.status(_wall_ms())
             self._counts = (time.monotonic(), counts)
         out: dict[str, Any] = {**counts, **self.registry.counters, **self.counters,
-                               **self.cuts.counters, "queued_here": self.queued_here}
+                               **self.cuts.counters, **self.shadows.counters,
+                               "queued_here": self.queued_here}
         records = self.registry.records
         if len(records) <= DETAIL_LIMIT:
             out["clients"] = sorted(c for c, r in records.items() if not r.deleted)

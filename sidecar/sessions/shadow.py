@@ -8,7 +8,9 @@ takeover then hands that session to the real client (session present).
 - `materialize`: make a session with the given subscriptions and expiry;
 - `drain`: resume the session, take every message Mosquitto queued for it (up to a marker the
   caller has delivered behind them), and leave it to `finish`: deleted (expiry 0) once another
-  node holds the messages, or kept, unacknowledged, to try again;
+  node holds the messages, or given back to try again: what the other node did not take stays
+  in the session (QoS 1 unacknowledged; QoS 2, whose PUBREC the shadow sent, delivered into it
+  again: Mosquitto keeps only their PUBRELs);
 - `discard`: delete the session (a clean start with expiry 0; an offline session is never
   kicked, a use-after-free in Mosquitto 2.0.11).
 
@@ -34,6 +36,7 @@ from sidecar.local.forward_client import from_paho_properties
 from sidecar.local.protocol import SESSION_EXPIRY_NEVER, SIDECAR_USERNAME
 from sidecar.message import MessageProperties
 from sidecar.sessions.record import Subscription
+from sidecar.sessions.unreleased import without_resent
 
 log = logging.getLogger("mqfed.sessions")
 
@@ -68,6 +71,7 @@ class Shadow:
         self._acks: dict[int, asyncio.Future] = {}
         self.messages: list[tuple[mqtt.MQTTMessage, Queued]] = []
         self.restore: dict[str, int] = {}  # a drain's: what the session gets back if it fails
+        self.resent: frozenset[int] = frozenset()  # a drain's: QoS 2 ids sent as unreleased
         self.arrived = asyncio.Event()
         self._client = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -190,8 +194,13 @@ class Shadow:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), left)
 
-    def ack_all(self) -> None:
-        for msg, _ in self.messages:
+    def queue(self) -> list[tuple[mqtt.MQTTMessage, Queued]]:
+        """A drain's messages for the new owner: all but those that travel as unreleased."""
+        return without_resent(self.messages, self.resent)
+
+    def ack(self, messages: list[tuple[mqtt.MQTTMessage, Queued]]) -> None:
+        """PUBACK or PUBCOMP each: Mosquitto forgets it."""
+        for msg, _ in messages:
             if msg.qos:
                 self._client.ack(msg.mid, msg.qos)
 
@@ -212,10 +221,13 @@ class Shadows:
     """The shadow operations of one node."""
 
     def __init__(self, socket_path: Path, secret: str,
-                 deliver_marker: Callable[[str, str, bytes], Awaitable[None]]) -> None:
+                 deliver_marker: Callable[[str, str, bytes], Awaitable[None]],
+                 deliver_again: Callable[[str, list[Queued]], Awaitable[None]]) -> None:
         self.socket_path = socket_path
         self.secret = secret
         self.deliver_marker = deliver_marker  # (client, topic, payload): a targeted delivery
+        self.deliver_again = deliver_again  # (client, messages): targeted, in order
+        self.counters = {"qos2_given_back": 0, "qos2_give_back_failed": 0}
 
     async def materialize(self, client: str, subscriptions: dict[str, int],
                           expiry: int | None) -> None:
@@ -241,12 +253,15 @@ class Shadows:
             await shadow.disconnect()
 
     async def drain(self, client: str, filters: tuple[str, ...],
-                    restore: dict[str, int] | None = None) -> Shadow:
+                    restore: dict[str, int] | None = None,
+                    resent: frozenset[int] = frozenset()) -> Shadow:
         """Resume `client`'s session, end its subscriptions `filters` (its client has them
-        on its new node) and take what it queued; the caller hands the messages over, then
+        on its new node) and take what it queued; the caller hands `shadow.queue()` over
+        (`resent`: packet ids of the QoS 2 messages that travel as unreleased instead), then
         calls `finish`. If the drain fails, the session gets `restore` (its client's
         subscriptions) back: it may be resumed here as it is, or drained again."""
         shadow = Shadow(self.socket_path, self.secret, client)
+        shadow.resent = resent
         try:
             await shadow.connect(False, SESSION_EXPIRY_NEVER, receive_maximum=65535)
             shadow.restore = dict(restore or {})
@@ -260,20 +275,26 @@ class Shadows:
         shadow.messages = [(m, q) for m, q in shadow.messages if m.topic != MARKER_TOPIC]
         return shadow
 
-    async def finish(self, shadow: Shadow, handed_over: bool) -> None:
-        """Delete the drained session (its messages are elsewhere now), or leave it as it
-        was, messages unacknowledged and subscriptions made again, to drain again later."""
+    async def finish(self, shadow: Shadow, handed_over: bool, taken: int = 0) -> None:
+        """Delete the drained session (its messages are elsewhere now), or give it back to
+        drain again later (`_give_back`: `taken`, how many of `shadow.queue()` the other node
+        took before the hand-over failed)."""
         if handed_over:
-            shadow.ack_all()
+            shadow.ack(shadow.messages)
             await shadow.disconnect(expiry=0)
         else:
-            await self._give_back(shadow)
+            await self._give_back(shadow, taken)
 
-    @staticmethod
-    async def _give_back(shadow: Shadow) -> None:
+    async def _give_back(self, shadow: Shadow, taken: int = 0) -> None:
         """A failed drain: the session gets its subscriptions back (Retain Handling 2), so a
         client that resumes it here has them (before, it had none: everything after was
-        lost); then the shadow leaves, its messages unacknowledged."""
+        lost), and keeps what the other node did not take. QoS 1 messages stay
+        unacknowledged (Mosquitto sends them again); QoS 2 messages are completed and
+        delivered into the session again, last: the shadow sent their PUBRECs, so Mosquitto
+        keeps only their PUBRELs (they were lost). What the other node took is acknowledged
+        (it has them)."""
+        queue = shadow.queue()
+        again = [m for m in queue[taken:] if m[0].qos == 2]
         try:
             if shadow.restore:
                 await shadow.subscribe(shadow.restore)
@@ -281,7 +302,17 @@ class Shadows:
             log.warning("giving a session back its subscriptions after a failed drain "
                         "failed: %s", exc, extra={"client": shadow.client_id})
         finally:
+            shadow.ack(queue[:taken] + again)
             await shadow.disconnect()
+        if not again:
+            return
+        try:
+            await self.deliver_again(shadow.client_id, [q for _, q in again])
+            self.counters["qos2_given_back"] += len(again)
+        except Exception as exc:  # noqa: BLE001 - the plugin's link is down: they are lost
+            self.counters["qos2_give_back_failed"] += len(again)
+            log.error("a failed drain could not give its session back %d QoS 2 messages "
+                      "(lost): %s", len(again), exc, extra={"client": shadow.client_id})
 
     async def discard(self, client: str) -> None:
         """Delete `client`'s session here."""

@@ -8,6 +8,7 @@ whose PUBREC the old owner had read (`pubrel`: the client has it, and may have c
 from __future__ import annotations
 
 import base64
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,12 +66,12 @@ def from_plugin(fields: dict[str, Any]) -> list[Unreleased]:
     return out
 
 
-def without_resent(collected: list[tuple[Any, Any]], unreleased: list[Unreleased]) -> list:
+def without_resent(collected: list[tuple[Any, Any]], resent: Collection[int]) -> list:
     """A drained queue (the shadow's (paho message, queued) pairs) without the QoS 2 messages
-    that travel as unreleased: Mosquitto sent those to the shadow again under the same packet
-    ids (they were in flight at the client's departure, awaiting its PUBREC)."""
-    ids = {u.packet_id for u in unreleased}
-    return [q for m, q in collected if not (ids and m.qos == 2 and m.mid in ids)]
+    that travel as unreleased (`resent`: their packet ids): Mosquitto sent those to the shadow
+    again under the same packet ids (they were in flight at the client's departure, awaiting
+    its PUBREC)."""
+    return [(m, q) for m, q in collected if not (resent and m.qos == 2 and m.mid in resent)]
 
 
 def to_plugin(messages: list[Unreleased]) -> list[dict[str, Any]]:
