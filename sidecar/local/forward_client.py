@@ -62,6 +62,14 @@ BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
 CUT_PREFIX = b"cut:"  # a probe carrying a moving session's cut (plugin hold.c, cut mode)
+
+
+def cut_marker(payload: bytes) -> CutMarker:
+    """A cut probe's payload: `cut:<client>`, a new copy's followed by NUL and its client's
+    connect time (decimal wall clock ms; an MQTT client id has no NUL)."""
+    client, _, connect = payload[len(CUT_PREFIX):].partition(b"\0")
+    connect_ms = int(connect) if connect.isdigit() and len(connect) <= 15 else 0
+    return CutMarker(client.decode("utf-8", "replace"), connect_ms)
 _ID_AND_OPTIONS = itemgetter(1, 2)  # (subscription id, no local) of a subscribe_many triple
 PACKET_FILTERS = 256
 """Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""
@@ -218,8 +226,7 @@ class ForwardClient:
         if msg.topic == PROBE_TOPIC:
             self.tracker.on_probe(msg.mid)
             if msg.payload.startswith(CUT_PREFIX):  # in order with the copies
-                client_id = msg.payload[len(CUT_PREFIX):].decode("utf-8", "replace")
-                self._copies.append(CutMarker(client_id))
+                self._copies.append(cut_marker(msg.payload))
                 self._schedule()
             elif msg.payload in self._probes:  # a barrier: resolved once the copies before it
                 self._probed.append(msg.payload)  # have been handed over (`_flush`)

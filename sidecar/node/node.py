@@ -36,7 +36,14 @@ from sidecar.membership.routed import CRASHED_RETENTION, RoutedPeers, static_pee
 from sidecar.node.layout import NodeError, NodeLayout, max_queued_messages, render_mosquitto_conf
 from sidecar.node.status import StatusWriter, node_status
 from sidecar.node.sync import PluginSync
-from sidecar.peering.handshake import CAPABILITIES, SESSION_CUTS, SESSIONS, WILLS, Hello
+from sidecar.peering.handshake import (
+    CAPABILITIES,
+    SESSION_CUTS,
+    SESSION_CUTS_ANYWHERE,
+    SESSIONS,
+    WILLS,
+    Hello,
+)
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
 from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
@@ -260,7 +267,7 @@ class Node:
                       admin_address=cfg.advertised("admin"),
                       # cuts need the identities batches give injected messages
                       capabilities=CAPABILITIES if cfg["routing"]["inject_batches"]
-                      else CAPABILITIES - {SESSION_CUTS})
+                      else CAPABILITIES - {SESSION_CUTS, SESSION_CUTS_ANYWHERE})
         socket_path = self.layout.socket_path
         max_queued = max_queued_messages(cfg)
         window = broker_conf.forward_receive_maximum(max_queued)
@@ -306,6 +313,7 @@ class Node:
         self.sessions.cuts_on = self.config["routing"]["inject_batches"]
         routing.cut_target = self.sessions.cuts.target
         routing.on_cut = self.sessions.cuts.on_cut
+        routing.cut_applies = self.sessions.cut_applies
         self.wills = self._build_wills(routing, incarnation)
         routing.wills = self.wills
         self.drainer = DrainService(self.config.node_id, link.request, self.table, routing,

@@ -17,6 +17,7 @@ from sidecar.peering.handshake import (
     INTEREST_CHUNKS,
     RETAINED,
     SESSION_CUTS,
+    SESSION_CUTS_ANYWHERE,
     SESSION_ORDER,
     SESSION_REPLICAS,
     SESSIONS,
@@ -47,6 +48,9 @@ MISSING_MEANS: dict[str, str] = {
                    "the new one meanwhile before the queue it left behind",
     SESSION_CUTS: "a client moving between them under traffic may get some messages twice "
                   "(those routed to both of its copies while it moved)",
+    SESSION_CUTS_ANYWHERE: "a client that reconnects through both faster than its last "
+                           "connect's record travels may get some messages twice (the cut "
+                           "goes only to the node that record names)",
     CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
               "there between the SUBACK and then are missed)",
 }

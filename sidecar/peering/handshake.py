@@ -39,6 +39,7 @@ __all__ = [
     "RETAINED",
     "SESSIONS",
     "SESSION_CUTS",
+    "SESSION_CUTS_ANYWHERE",
     "SESSION_ORDER",
     "SESSION_REPLICAS",
     "WILLS",
@@ -79,9 +80,14 @@ SESSION_CUTS = "session-cuts"
 moving session's cut (envelopes with `first_seq`, `cut_client`; SessionBacklog's `cut_seq`
 and granted identities): a client moving between two such nodes under traffic gets each
 message once (docs/architecture.md §5). Listed only with `routing.inject_batches` on."""
+SESSION_CUTS_ANYWHERE = "session-cuts-anywhere"
+"""The node takes a new copy's cut from any peer and applies it only to a copy its client used
+before that connect (the envelope's HLC is the connect's time): the new node of a move sends
+its cut to every such peer, since the record of its client's last connect may not have reached
+it yet (a quick reconnect). Listed only with `routing.inject_batches` on."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
                                           SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER,
-                                          SESSION_CUTS})
+                                          SESSION_CUTS, SESSION_CUTS_ANYWHERE})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
-from sidecar.hlc import HybridClock
+from sidecar.hlc import HybridClock, Timestamp
 from sidecar.message import MessageProperties
 from sidecar.routing.catchup import RecentCopies
 from sidecar.routing.interest import RemoteInterest
@@ -42,6 +42,9 @@ class CutMarker:
     before the cut is ahead of it, every later one behind."""
 
     client: str
+    connect_ms: int = 0
+    """A new copy's: when its client connected here (wall clock ms); 0: the old copy's own,
+    or an older plugin's."""
 
 
 @dataclass(frozen=True)
@@ -202,17 +205,18 @@ class Forwarder:
             self._shared[(env.origin_seq, peer)] = (env, {peer})
         return QueueEnvelope(peer, env)
 
-    def cut(self, client: str, peer: str | None, wall_ms: int) -> tuple[int, QueueEnvelope | None]:
+    def cut(self, client: str, peers: Iterable[str], wall_ms: int, connect_ms: int = 0
+            ) -> tuple[int, list[QueueEnvelope]]:
         """A moving session's cut here (docs/architecture.md §5, cut mode): every message
-        forwarded so far went under a smaller seq, every later one a larger; `peer`, the
-        other node of the move, gets it behind those before (None: nobody)."""
+        forwarded so far went under a smaller seq, every later one a larger; each of `peers`
+        gets it behind those before. Its HLC is its client's connect here (`connect_ms`,
+        when known: a peer applies it only to a copy the client used before), else now."""
         self._seq += 1
         seq = self._seq
-        if peer is None:
-            return seq, None
-        return seq, QueueEnvelope(peer, Envelope(
-            self.node_id, self.incarnation, seq, self.clock.now(wall_ms).pack(), "", b"", 1,
-            first_seq=seq, cut_client=client))
+        hlc = Timestamp(connect_ms).pack() if connect_ms else self.clock.now(wall_ms).pack()
+        return seq, [QueueEnvelope(peer, Envelope(
+            self.node_id, self.incarnation, seq, hlc, "", b"", 1, first_seq=seq,
+            cut_client=client)) for peer in peers]
 
     def renumber(self, action: SendEnvelope | QueueEnvelope) -> SendEnvelope | QueueEnvelope:
         """The same action under a new seq (an action held while a catch-up ran: the peer's

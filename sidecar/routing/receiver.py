@@ -94,6 +94,12 @@ class Receiver:
             return []
         return self._ack(peer, env.origin_incarnation, env.origin_seq, ACK_REJECTED, now)
 
+    def settled(self, peer: str, env: Envelope, now: float) -> list[Action]:
+        """An accepted envelope with nothing to do here (a cut for a copy this node does not
+        have): its origin is told it arrived."""
+        return self._ack(peer, env.origin_incarnation, env.origin_seq, ACK_OK, now) \
+            if env.qos else []
+
     def pick_member(self, env: Envelope, members: list[str]) -> str | None:
         """One local member of the envelope's shared group, round robin."""
         return self.members.pick((env.shared_group, env.shared_filter), members)

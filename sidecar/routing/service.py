@@ -37,6 +37,7 @@ from sidecar.peering.handshake import (
     INTEREST_CHUNKS,
     RETAINED,
     SESSION_CUTS,
+    SESSION_CUTS_ANYWHERE,
     SESSIONS,
     WILLS,
     Accept,
@@ -175,10 +176,13 @@ class RoutingService(CatchUpWiring):
         # a moving session's cut mode (sessions): whom this node's cut for a client goes to,
         # and the cut's seq once made (docs/architecture.md §5)
         self.cut_target: Callable[[str], str | None] = lambda client: None
+        # whether a peer's cut for a client goes to the copy here (client, the cut's HLC)
+        self.cut_applies: Callable[[str, int], bool] = lambda client, hlc: True
         self.on_cut: Callable[[str, int], None] = lambda client, seq: None
         self._tasks: list[asyncio.Task] = []
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
-                          "shared_member_gone": 0, "too_large": 0, "cuts": 0}
+                          "shared_member_gone": 0, "too_large": 0, "cuts": 0,
+                          "cuts_not_here": 0}
         self._too_large_logged = -TOO_LARGE_LOG_EVERY
         self._invalid_logged = -TOO_LARGE_LOG_EVERY
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
@@ -538,7 +542,7 @@ class RoutingService(CatchUpWiring):
         down = [p for p in self.queues if not self.transport.connected(p)]
         for copy in copies:
             if isinstance(copy, CutMarker):
-                self._cut(copy.client, wall_ms)
+                self._cut(copy, wall_ms)
                 continue
             actions = self.forwarder.on_copy(copy, wall_ms, down)
             if copy.properties.user:  # the only cost for untraced messages
@@ -552,16 +556,22 @@ class RoutingService(CatchUpWiring):
             self._run_forward(actions)
         self._flush()  # now: this is already a batch, and a loop turn costs latency
 
-    def _cut(self, client: str, wall_ms: int) -> None:
-        """The plugin cut here for `client`'s move (in order with the copies): the other node
-        of the move, if it takes cuts, gets it behind every message forwarded before."""
+    def _cut(self, marker: CutMarker, wall_ms: int) -> None:
+        """The plugin cut here for a client's move (in order with the copies): the other node
+        of the move, if it takes cuts, gets it behind every message forwarded before; a new
+        copy's goes to every peer that takes cuts from anywhere too (the client may have
+        been on one of them since the record this node knows: each applies it only to a copy
+        the client used before, `cut_applies`)."""
+        client = marker.client
         peer = self.cut_target(client)
-        if peer is not None and peer not in self.peers_with(SESSION_CUTS):
-            peer = None
-        seq, action = self.forwarder.cut(client, peer, wall_ms)
+        peers: set[str] = set()
+        if peer is not None and peer in self.peers_with(SESSION_CUTS):
+            peers.add(peer)
+        if peer is not None and marker.connect_ms:
+            peers |= set(self.peers_with(SESSION_CUTS_ANYWHERE))
+        seq, actions = self.forwarder.cut(client, sorted(peers), wall_ms, marker.connect_ms)
         self._counters["cuts"] += 1
-        if action is not None:
-            self._run_forward([action], hold=False)  # never behind a catch-up: in order
+        self._run_forward(actions, hold=False)  # never behind a catch-up: in order
         self.on_cut(client, seq)
 
     def _trace_copy(self, user: tuple[tuple[str, str], ...], actions) -> None:
@@ -766,12 +776,17 @@ class RoutingService(CatchUpWiring):
             if not first:
                 self._run_receive(actions)
                 continue
-            self.hop_latency.observe(now_ms - (msg.hlc >> 16))
+            if not msg.cut_client:  # (a cut carries its client's connect time)
+                self.hop_latency.observe(now_ms - (msg.hlc >> 16))
             trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
             env = peer_frames.decode_envelope(msg)
             if env.cut_client:  # a moving session's cut: into the plugin in order
                 if batch is None:
                     self._run_receive(receiver.refuse(peer, env, now))
+                    continue
+                if not self.cut_applies(env.cut_client, env.hlc):  # no old copy of it here
+                    self._counters["cuts_not_here"] += 1
+                    self._run_receive(receiver.settled(peer, env, now))
                     continue
                 ticket = self.injection.ticket()
                 batch.append((ticket, env))

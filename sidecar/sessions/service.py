@@ -721,6 +721,10 @@ class SessionService:
             log.warning("releasing QoS 2 messages to a moved client failed: %s", exc,
                         extra={"client": client, "messages": len(good)})
 
+    def cut_applies(self, client: str, hlc: int) -> bool:
+        """Whether a peer's cut for `client` goes to the copy here (`SessionRegistry`)."""
+        return self.registry.cut_applies(client, hlc)
+
     def _resumed_here(self, client: str) -> bool:
         """Whether `client` connected here since an operation on its copy was decided (before
         the deny that came with it took effect: a quick reconnect, e.g. through a round-robin

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.local.forward_client import PACKET_FILTERS, ForwardClient
+from sidecar.local.forward_client import PACKET_FILTERS, ForwardClient, cut_marker
+from sidecar.routing.forwarder import CutMarker
 
 
 class Recorder:
@@ -73,3 +74,11 @@ def test_a_granted_suback_clears_the_filters_earlier_refusals():
     fc.subscribe_many([("a", 1, True), ("b", 1, True)])
     fc._on_suback_codes(1, b"\x02\x02")
     assert fc._subscribe_refusals == {"z": 1} and fc.subscribing == 0
+
+
+def test_a_cut_probe_names_its_client_and_a_new_copys_connect_time():
+    assert cut_marker(b"cut:dev/1") == CutMarker("dev/1", 0)
+    assert cut_marker(b"cut:dev:x\x001795772290529") == CutMarker("dev:x", 1795772290529)
+    assert cut_marker(b"cut:dev\x00junk") == CutMarker("dev", 0)
+    assert cut_marker(b"cut:dev\x00" + b"9" * 30) == CutMarker("dev", 0)
+    assert cut_marker(b"cut:\xffd") == CutMarker("\ufffdd", 0)

@@ -14,6 +14,7 @@ from sidecar.peering.handshake import (
     INTEREST_CHUNKS,
     RETAINED,
     SESSION_CUTS,
+    SESSION_CUTS_ANYWHERE,
     SESSION_ORDER,
     SESSION_REPLICAS,
     SESSIONS,
@@ -41,11 +42,12 @@ def test_every_frame_body_of_a_feature_names_its_capability():
         wanted = next((cap for p, cap in prefixes.items() if name.startswith(p)), None)
         wanted = {"interest_applied": INTEREST_CHUNKS, "node_state": DRAIN}.get(name, wanted)
         assert FRAME_FIELDS.get(number) == wanted, name
-    # session-replicas, session-order, session-cuts and catch-up have no frame of their own
-    # (catch-up is a field of interest entries, session-order one of session backlogs,
-    # session-cuts fields of envelopes and backlogs: an older node ignores them)
+    # session-replicas, session-order, session-cuts(-anywhere) and catch-up have no frame of
+    # their own (catch-up is a field of interest entries, session-order one of session
+    # backlogs, session-cuts fields of envelopes and backlogs: an older node ignores them;
+    # session-cuts-anywhere says who may get a cut envelope)
     assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS, CATCH_UP, SESSION_ORDER,
-                                         SESSION_CUTS} \
+                                         SESSION_CUTS, SESSION_CUTS_ANYWHERE} \
         == CAPABILITIES \
         == set(MISSING_MEANS)
 
@@ -73,9 +75,10 @@ def test_a_1_1_peer_gets_retained_and_session_frames_but_no_wills():
     old = accept(1, frozenset({INTEREST_CHUNKS}))
     assert old.capabilities == {INTEREST_CHUNKS, RETAINED, SESSIONS}
     assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN, CATCH_UP,
-                                                     SESSION_ORDER, SESSION_CUTS})
+                                                     SESSION_ORDER, SESSION_CUTS,
+                                                     SESSION_CUTS_ANYWHERE})
     assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == \
-        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS}
+        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS, SESSION_CUTS_ANYWHERE}
     assert accept(0, frozenset()).capabilities == frozenset()
 
 

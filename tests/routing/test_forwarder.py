@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.hlc import HybridClock
+from sidecar.hlc import HybridClock, Timestamp
 from sidecar.routing.forwarder import (
     LOCAL,
     AckLocal,
@@ -177,3 +177,16 @@ def test_a_shard_s_lost_session_forgets_only_its_copies_acks():
     assert fwd.forget_local_acks(range(65536, 2 * 65536)) == 1
     assert fwd.on_settled("n2", [1, 2]) == [AckLocal(41, 1)]
     assert fwd.pending == 0
+
+
+def test_a_cut_goes_to_each_peer_under_one_seq_at_its_clients_connect_time():
+    fwd, _ = _setup(n2=["a/#"])
+    seq, actions = fwd.cut("dev", ["n2", "n3"], 5_000, connect_ms=4_990)
+    assert [a.peer for a in actions] == ["n2", "n3"]
+    assert {(a.envelope.origin_seq, a.envelope.first_seq, a.envelope.cut_client)
+            for a in actions} == {(seq, seq, "dev")}
+    assert {a.envelope.hlc for a in actions} == {Timestamp(4_990).pack()}
+    seq2, actions = fwd.cut("dev", [], 5_000)  # the old copy's own (it goes with its queue)
+    assert (seq2, actions) == (seq + 1, [])
+    _, (action,) = fwd.cut("dev", ["n2"], 6_000)  # without a connect time (an older plugin)
+    assert action.envelope.hlc >> 16 == 6_000

@@ -16,7 +16,11 @@
  *   new copy leaves out that node's messages below it (`move_set_skips`).
  * A cut can come before its client's disconnect (a takeover: the new connect first): it then
  * waits for it, at most CUT_PENDING_MS. One older than the disconnect is a stale one (a
- * stream that was down): ignored. */
+ * stream that was down): ignored. A cut's time is its client's connect at the new node (an
+ * older peer's: when it made the cut); the new node sends it to every peer (the record of
+ * its client's last connect may not have reached it yet), whose sidecar passes it on only
+ * for a copy its client used before that connect; one the client connected to at that time
+ * or since is not that move's old copy: ignored. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,11 +32,19 @@
 #define CUT_SKEW_MS 1000                   /* clock skew between nodes allowed for a cut */
 #define ENTRIES_MAX 100000u                /* clients recorded or with a cut waiting */
 #define GRANTED_MAX 8192u                  /* identities an offline session keeps (the newest) */
+#define ARRIVED_MAX 8u                     /* new nodes' cuts an old copy keeps (one per node) */
 #define ORIGIN_SEED 0x6d71666564637574ULL  /* "mqfedcut": the same hash on every node */
 
 struct ident {
 	uint64_t origin;
 	uint64_t seq;
+};
+
+/* A new node's cut, as an old copy keeps it: that node's messages from `seq` on are refused. */
+struct arrived {
+	uint64_t origin;
+	uint64_t seq;
+	int64_t at;                /* (monotonic) when it came */
 };
 
 struct move {
@@ -41,10 +53,9 @@ struct move {
 	bool open;                 /* a new copy's live hold in cut mode (hold.c) */
 	bool recording;            /* its client left: its session's grants are recorded */
 	int64_t since_ms;          /* (recording) the disconnect, wall clock */
-	bool have_cut;             /* the new node's cut came */
-	uint64_t cut_origin;
-	uint64_t cut;
-	int64_t cut_at;            /* (monotonic) when it came */
+	struct arrived arrived[ARRIVED_MAX]; /* the new nodes' cuts (a chain of quick moves can
+	                                      * make one old copy the old one of several) */
+	size_t narrived;
 	struct ident *granted;     /* what the session queued: a ring of the newest */
 	size_t ngranted, granted_cap, granted_next;
 	struct ident *skips;       /* a new copy's release: what the old copy had, sorted */
@@ -97,11 +108,23 @@ static struct move *move_get(const char *id)
 	return m;
 }
 
+/* Forget the cuts that came more than `max_ms` ago (all: -1). */
+static void drop_arrived(struct move *m, int64_t now, int64_t max_ms)
+{
+	size_t i, kept = 0;
+
+	for(i = 0; i < m->narrived; i++){
+		if(max_ms >= 0 && now - m->arrived[i].at <= max_ms) m->arrived[kept++] = m->arrived[i];
+		else ignored++;
+	}
+	m->narrived = kept;
+}
+
 /* Forget what only mattered while the client was away. */
 static void stop_recording(struct move *m)
 {
 	m->recording = false;
-	m->have_cut = false;
+	m->narrived = 0;
 	free(m->granted);
 	m->granted = NULL;
 	m->ngranted = m->granted_cap = m->granted_next = 0;
@@ -109,7 +132,7 @@ static void stop_recording(struct move *m)
 
 static void drop_if_empty(struct move *m)
 {
-	if(!m->open && !m->recording && !m->have_cut) move_free(m);
+	if(!m->open && !m->recording && m->narrived == 0) move_free(m);
 }
 
 struct move *move_open(const char *id)
@@ -138,7 +161,7 @@ void cut_on_disconnect(const char *id)
 	struct move *m = move_get(id);
 
 	if(m == NULL) return; /* too many: its new copy then delivers it again (duplicates) */
-	if(m->have_cut && mono_ms() - m->cut_at > CUT_PENDING_MS) m->have_cut = false;
+	drop_arrived(m, mono_ms(), CUT_PENDING_MS);
 	m->granted_next = m->ngranted = 0;
 	m->recording = true;
 	m->since_ms = now_ms();
@@ -189,31 +212,51 @@ void cut_note_granted(const char *id, uint64_t origin, uint64_t seq)
 bool cut_refuses(const char *id, uint64_t origin, uint64_t seq)
 {
 	struct move *m = move_find(id);
+	size_t i;
 
-	if(m == NULL || !m->recording || !m->have_cut || origin != m->cut_origin
-			|| seq < m->cut){
-		return false;
+	if(m == NULL || !m->recording) return false;
+	for(i = 0; i < m->narrived; i++){
+		if(m->arrived[i].origin == origin && seq >= m->arrived[i].seq){
+			refused++;
+			return true;
+		}
 	}
-	refused++;
-	return true;
+	return false;
 }
 
 void cut_arrived(const char *id, uint64_t origin, uint64_t seq, int64_t sent_ms)
 {
 	struct move *m = move_find(id);
+	struct client *c = model_find(id);
+	size_t i;
 
 	if(m != NULL && m->recording && sent_ms + CUT_SKEW_MS < m->since_ms){
 		ignored++; /* made before its client left here: another move's */
+		return;
+	}
+	if(c != NULL && model_client_connect_ms(c) >= sent_ms){
+		/* its client connected here at that connect's time or since: this copy is not the
+		 * old one of that move (its client moved on here, quicker than the cut) */
+		ignored++;
 		return;
 	}
 	if(m == NULL && (m = move_get(id)) == NULL){
 		ignored++;
 		return;
 	}
-	m->have_cut = true; /* a later cut (a later move) replaces it */
-	m->cut_origin = origin;
-	m->cut = seq;
-	m->cut_at = mono_ms();
+	/* one per node: a later cut of that node (a later move) replaces its earlier one */
+	for(i = 0; i < m->narrived && m->arrived[i].origin != origin; i++){
+	}
+	if(i == ARRIVED_MAX){ /* full: the oldest goes (that node's messages reach both copies) */
+		memmove(m->arrived, m->arrived + 1, (ARRIVED_MAX - 1) * sizeof(*m->arrived));
+		i = ARRIVED_MAX - 1;
+		ignored++;
+	}else if(i == m->narrived){
+		m->narrived++;
+	}
+	m->arrived[i].origin = origin;
+	m->arrived[i].seq = seq;
+	m->arrived[i].at = mono_ms();
 	applied++;
 }
 
@@ -336,10 +379,7 @@ void cut_tick(int64_t now)
 	if(moves == NULL || now - swept_ms < 1000) return;
 	swept_ms = now;
 	HASH_ITER(hh, moves, m, tmp){
-		if(m->have_cut && !m->recording && now - m->cut_at > CUT_PENDING_MS){
-			ignored++;
-			m->have_cut = false;
-		}
+		if(!m->recording) drop_arrived(m, now, CUT_PENDING_MS);
 		if(m->recording && ((c = model_find(m->id)) == NULL || model_client_online(c))){
 			stop_recording(m);
 		}

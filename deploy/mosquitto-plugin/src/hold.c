@@ -39,6 +39,7 @@
  *   - The old copy, held in cut mode: queues until the next tick, then is held, with the same
  *     marker: the old node's own cut.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,17 +162,25 @@ static void set_owed(struct hold *h, bool *flag, bool on)
 }
 
 /* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
- * it there, every copy routed after it behind (delivered at the top of the next iteration). */
-static void send_marker(const struct hold *h)
+ * it there, every copy routed after it behind (delivered at the top of the next iteration).
+ * A new copy's (`arm`) also says when its client connected here (hold.h). */
+static void send_marker(const struct hold *h, bool arm)
 {
 	size_t n = strlen(h->id);
-	char *payload = malloc(n + 4);
+	struct client *c = arm ? model_find(h->id) : NULL;
+	int64_t connect_ms = c ? model_client_connect_ms(c) : 0;
+	char *payload = malloc(n + 4 + 1 + 21);
+	int len = (int)(n + 4);
 
 	if(payload == NULL) return;
 	memcpy(payload, "cut:", 4);
 	memcpy(payload + 4, h->id, n);
-	mosquitto_broker_publish_copy(sidecar_fwd_id(), CUT_PROBE_TOPIC, (int)(n + 4), payload, 1,
-			false, NULL);
+	if(connect_ms > 0){
+		payload[len++] = '\0';
+		len += snprintf(payload + len, 21, "%lld", (long long)connect_ms);
+	}
+	mosquitto_broker_publish_copy(sidecar_fwd_id(), CUT_PROBE_TOPIC, len, payload, 1, false,
+			NULL);
 	free(payload);
 }
 
@@ -448,10 +457,10 @@ void hold_tick(void)
 			if(h->arm_owed){
 				set_owed(h, &h->arm_owed, false);
 				set_armed(h, true);
-				send_marker(h);
+				send_marker(h, true);
 			}else if(h->hold_owed){
 				set_owed(h, &h->hold_owed, false);
-				send_marker(h);
+				send_marker(h, false);
 			}
 		}
 	}

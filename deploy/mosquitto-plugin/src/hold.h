@@ -4,7 +4,10 @@
 
 #include "util.h"
 
-#define CUT_PROBE_TOPIC "$SYS/broker/mqfed/fwd-probe" /* the cut marker: payload "cut:<id>" */
+/* the cut marker: payload "cut:<id>", a new copy's followed by NUL and its client's connect
+ * time here (wall clock ms, decimal): a peer applies that cut only to a copy the client used
+ * before it (cut.c) */
+#define CUT_PROBE_TOPIC "$SYS/broker/mqfed/fwd-probe"
 
 int hold_set(const char *id, bool ring, bool live, bool cut);
 void hold_on_connect(const char *id);

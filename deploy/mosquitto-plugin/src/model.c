@@ -42,6 +42,7 @@ struct client {
 	unsigned shared_count;     /* of which $share/<group>/... */
 	struct client_run run;     /* origin.c's */
 	uint32_t queued;           /* offline: messages routed to its session since it was online */
+	int64_t connect_ms;        /* the client's own last connect here, wall clock (0: none) */
 };
 
 /* A connection that passed our BASIC_AUTH callback; later providers may still refuse it. */
@@ -128,6 +129,11 @@ const char *model_client_id(const struct client *c)
 bool model_client_online(const struct client *c)
 {
 	return c->online;
+}
+
+int64_t model_client_connect_ms(const struct client *c)
+{
+	return c->connect_ms;
 }
 
 /* Its live connection; NULL while offline. */
@@ -483,6 +489,7 @@ static void pending_resolve(struct pending *p)
 		c->expire_at = 0;
 		c->queued = 0; /* its queue goes to this connection */
 		if(!sidecar_vouched(conn)){
+			c->connect_ms = now_ms();
 			inflight_on_client_connect(p->id, present);
 			if(on_client_connect) on_client_connect(p->id); /* hold.c: a moving session */
 		}

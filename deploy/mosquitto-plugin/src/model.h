@@ -28,6 +28,9 @@ uint64_t model_subscriptions(void);
 uint64_t model_shared_subscriptions(void); /* $share/... ones, over every client */
 const char *model_client_id(const struct client *c);
 bool model_client_online(const struct client *c);
+/* When the client itself last connected here (wall clock ms; a shadow's connect is not one):
+ * 0 if it has not since its session was made here. */
+int64_t model_client_connect_ms(const struct client *c);
 struct mosquitto *model_client_conn(const struct client *c);
 bool model_client_has_sub(struct client *c, const char *filter);
 /* The subscription identifier Mosquitto holds for the client's `filter` (0: none, unknown). */

@@ -48,9 +48,15 @@ def forwarding(clients, broker) -> RawClient:
     return fwd
 
 
-def wait_marker(fwd: RawClient, payload: bytes) -> None:
+def wait_marker(fwd: RawClient, payload: bytes) -> int:
+    """Until the marker `payload` came; returns the connect time a new copy's carries (after
+    a NUL; 0: none, an old copy's own cut)."""
     deadline = time.monotonic() + 5
-    while payload not in [m.payload for m in fwd.received(lambda m: m.topic == PROBE)]:
+    while True:
+        for m in fwd.received(lambda m: m.topic == PROBE):
+            name, _, connect = m.payload.partition(b"\0")
+            if name == payload:
+                return int(connect or 0)
         assert time.monotonic() < deadline, f"no marker {payload!r}"
         time.sleep(0.02)
 
@@ -80,7 +86,7 @@ def test_the_old_copy_records_what_it_queued_and_refuses_the_new_nodes_messages_
     pub.publish("o/l", "local-1", qos=1)
     time.sleep(0.2)
     assert sidecar.call("hold", client="leaver", on=True, cut=True)["ok"]  # at the tick
-    wait_marker(fwd, b"cut:leaver")
+    assert wait_marker(fwd, b"cut:leaver") == 0  # (an old copy's own: no connect time)
     pub.publish("o/l", "local-2", qos=1)          # after its own cut: the new copy's
     inject_(*msgs("n3", "o/b", [8]))              # held now: refused
     granted = sidecar.call("granted", client="leaver")["granted"]
@@ -124,8 +130,11 @@ def test_the_new_copy_arms_with_its_cut_and_leaves_out_what_the_old_copy_had(
     assert sidecar.call("hold", client="mover", on=True, live=True, cut=True)["ok"]
     inject_(*msgs("n2", "c/a", [1, 2]))           # before its client: the old copy's
     c = client_factory("mover", session_expiry=300, clean_start=False)
+    connected = time.time() * 1000
     assert c.connect() is True
-    wait_marker(fwd, b"cut:mover")                # armed at the tick, with its cut
+    # armed at the tick, with its cut, which says when its client connected (peers apply it
+    # only to a copy the client used before)
+    assert abs(wait_marker(fwd, b"cut:mover") - connected) < 1000
     inject_(*msgs("n2", "c/a", [3, 4, 5]), *msgs("n3", "c/b", [10, 11]),
             Record("c/a", b"n2:q0", 0, seq=4, origin="n2"))   # QoS 0: the old copy drops it
     pub = client_factory("local-pub")
@@ -242,3 +251,22 @@ def test_a_hold_that_comes_while_a_release_waits_to_replay_is_a_cut_mode_one(
     assert again.connect() is True
     got = again.wait_messages(lambda m: m.topic.startswith(f"qk{attempt}/"), count=2)
     assert [m.payload for m in got] == [b"n2:1", b"n2:2"]
+
+
+def test_an_old_copy_keeps_the_cut_of_each_new_node_and_ignores_one_for_an_older_connect(
+        broker, sidecar, client_factory):
+    """A cut goes to every peer (the new node may not know which node the client left last):
+    an old copy applies each node's, one per node (a chain of quick moves), and ignores the
+    cut of a connect older than its client's last connect here."""
+    inject_ = Injector(sidecar)
+    offline(client_factory, sidecar, "chained", "k/#")
+    connected = now_hlc(-20)  # (its connect here: a few ms before)
+    inject_(cut_record("chained", "n4", 3, now_hlc(5)),
+            cut_record("chained", "n5", 2, now_hlc(10)),
+            cut_record("chained", "n6", 1, connected - (500 << 16)))  # an older connect's
+    inject_(*msgs("n4", "k/a", [2, 3]), *msgs("n5", "k/b", [1, 2]), *msgs("n6", "k/c", [1, 2]))
+    assert [seq for _, seq in sidecar.call("granted", client="chained")["granted"]] == \
+        [2, 1, 1, 2]
+    st = sidecar.call("stats")
+    assert (st["cut_refused"], st["cuts_applied"], st["cuts_ignored"]) == (2, 2, 1), st
+
