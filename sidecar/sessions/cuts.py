@@ -12,12 +12,18 @@ cut). Each node's cut is a marker its plugin puts among the forwarding connectio
 - the new node's goes to the old node in its stream (`target`), at once;
 - the old node's comes to its drain here (`own_cut`), which sends it with the identities in
   the hand-over's last frame; the new node releases its live hold with them (`release`).
+
+In a chain of quick moves (the client left the new node before the old queue came there), the
+middle node's live hold is never released: its drain holds it in cut mode with what its own
+old copy had (`upstream`), and its last frame carries those too, since that old queue is in
+the queue it hands on.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar._proto import peer_pb2
@@ -25,6 +31,17 @@ from sidecar._proto import peer_pb2
 OWN_CUT_TIMEOUT = 5.0
 """Seconds the old node's drain waits for its own cut (the plugin's marker at its next tick,
 read back from the forwarding connection); without it the new copy skips only identities."""
+
+
+@dataclass(frozen=True)
+class OldCopyCuts:
+    """What an old copy's last hand-over frame tells the new copy to leave out of what it
+    kept: its node's own cut (origin, seq), the identities of the peers' messages it queued,
+    and the cuts of the old copies before it in a chain of moves (their queues are in it)."""
+
+    cut: tuple[str, int] | None = None
+    granted: tuple[tuple[str, int], ...] = ()
+    upstream: tuple[tuple[str, int], ...] = ()
 
 
 class MoveCuts:
@@ -71,13 +88,24 @@ class MoveCuts:
     def on_last_backlog(self, msg: peer_pb2.SessionBacklog) -> None:
         """The old node's last frame of a hand-over: what the live hold here leaves out when
         it is released (its identities, and the old node's own messages below its cut)."""
-        if not msg.cut_seq and not msg.granted_seqs:
+        if not msg.cut_seq and not msg.granted_seqs and not msg.upstream_cut_seqs:
             return
         fields: dict[str, Any] = {"granted": [[o, s] for o, s in zip(
             msg.granted_origins, msg.granted_seqs, strict=False)]}
-        if msg.cut_seq and msg.cut_origin:
-            fields["cuts"] = [[msg.cut_origin, msg.cut_seq]]
+        cuts = [[msg.cut_origin, msg.cut_seq]] if msg.cut_seq and msg.cut_origin else []
+        cuts += [[o, s] for o, s in zip(msg.upstream_cut_origins, msg.upstream_cut_seqs,
+                                        strict=False) if o and s]
+        if cuts:
+            fields["cuts"] = cuts
         self._skips[msg.client] = fields
+
+    def upstream(self, client: str) -> OldCopyCuts:
+        """What the old copy of `client`'s copy here had, when its live hold was not released
+        (the client moved on before that queue came: a chain): the drain's hold leaves it out
+        of the live ring, and the onward copy out of what it kept."""
+        fields = self._skips.pop(client, {})
+        return OldCopyCuts(granted=tuple((str(o), int(s)) for o, s in fields.get("granted", ())),
+                           upstream=tuple((str(o), int(s)) for o, s in fields.get("cuts", ())))
 
     def release(self, client: str) -> dict[str, Any]:
         """The `hold` fields that release `client`'s live hold here (the move is over)."""

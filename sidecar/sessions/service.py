@@ -35,7 +35,7 @@ from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.injection import origin_of
 from sidecar.sessions import wire
-from sidecar.sessions.cuts import MoveCuts
+from sidecar.sessions.cuts import MoveCuts, OldCopyCuts
 from sidecar.sessions.record import SessionRecord, replica_subscriptions
 from sidecar.sessions.registry import (
     Admit,
@@ -523,14 +523,19 @@ class SessionService:
         client = action.client
         cut_mode = self._cuts_with(action.owner)
         await self._sync(client)
-        cut: tuple[str, int] | None = None
-        granted: list[tuple[str, int]] = []
+        cuts = OldCopyCuts()
         if cut_mode:
+            # a chain (its client left before the old queue came here): what that queue's
+            # copy had goes out of the live ring here, and out of what the onward copy kept
+            upstream = self.cuts.upstream(client)
+            skips = {"granted": [list(g) for g in upstream.granted],
+                     "cuts": [list(c) for c in upstream.upstream]} \
+                if upstream.granted or upstream.upstream else {}
             seq = await self.cuts.own_cut(client, lambda: self._command(
-                "hold", client=client, on=True, cut=True))
-            if seq is not None:
-                cut = (origin_of(self.node_id, self.incarnation), seq)
-            granted = await self._granted(client)
+                "hold", client=client, on=True, cut=True, **skips))
+            own = (origin_of(self.node_id, self.incarnation), seq) if seq is not None else None
+            cuts = dataclasses.replace(upstream, cut=own,
+                           granted=tuple(await self._granted(client)) + upstream.granted)
         else:
             await self._command("hold", client=client, on=True)
         unreleased = await self._unreleased(action.client)
@@ -554,15 +559,14 @@ class SessionService:
             taken = 0
             try:
                 ok, taken = await self._hand_over_to_newest(
-                    action, [q for _, q in shadow.queue()], unreleased, (cut, granted))
+                    action, [q for _, q in shadow.queue()], unreleased, cuts)
             finally:
                 await self.shadows.finish(shadow, ok, taken)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
     async def _hand_over_to_newest(self, action: Drain, queued: list,
-                                   unreleased: list[Unreleased],
-                                   cut: tuple[tuple[str, int] | None, list[tuple[str, int]]]
+                                   unreleased: list[Unreleased], cuts: OldCopyCuts
                                    ) -> tuple[bool, int]:
         """Hand the drained queue to `action.owner`; refused there because its client moved
         on meanwhile (a newer connect elsewhere), to the node of that connect instead (the
@@ -570,7 +574,7 @@ class SessionService:
         `_hand_over` does, for the last node tried."""
         client, owner = action.client, action.owner
         for _ in range(HANDOVER_RETARGETS + 1):
-            ok, taken = await self._hand_over(client, owner, queued, unreleased, cut)
+            ok, taken = await self._hand_over(client, owner, queued, unreleased, cuts)
             record = self.registry.records.get(client)
             if ok or record is None or record.owner in (self.node_id, owner) \
                     or record.owner not in self.peers():
@@ -608,8 +612,7 @@ class SessionService:
 
     async def _hand_over(self, client: str, owner: str, queued: list,
                          unreleased: list[Unreleased] | tuple = (),
-                         cut: tuple[tuple[str, int] | None, list[tuple[str, int]]] = (None, [])
-                         ) -> tuple[bool, int]:
+                         cuts: OldCopyCuts | None = None) -> tuple[bool, int]:
         """Send a drained session's queue to its new owner, in frames of at most
         BACKLOG_FRAME_BYTES, each delivered there (and acknowledged) before the next; the
         first frame also carries the messages waiting for their release, the last one says
@@ -633,7 +636,7 @@ class SessionService:
         for i, part in enumerate(parts):
             last = ordered and i == len(parts) - 1
             ok = await self._hand_over_part(client, owner, part, first, last,
-                                            cut if last else (None, []))
+                                            cuts if last else None)
             if ok and first:  # the new owner has them: a retried drain must not send them again
                 await self._forget_unreleased(client, [u.packet_id for u, _ in first])
             first = []
@@ -649,15 +652,13 @@ class SessionService:
 
     async def _hand_over_part(self, client: str, owner: str, envs: list[Envelope],
                               unreleased: list[tuple[Unreleased, Envelope]],
-                              last: bool = False,
-                              cut: tuple[tuple[str, int] | None, list[tuple[str, int]]]
-                              = (None, [])) -> bool:
+                              last: bool = False, cuts: OldCopyCuts | None = None) -> bool:
         exchange = next(self._exchanges)
         fut = asyncio.get_running_loop().create_future()
         self._backlog_acks[(client, exchange)] = fut
         try:
             if not self._send(owner, wire.backlog_frame(client, exchange, envs, unreleased,
-                                                        last, *cut)):
+                                                        last, cuts)):
                 raise ConnectionError(f"no stream to {owner}")
             self.counters["backlog_frames"] += 1
             return bool(await asyncio.wait_for(

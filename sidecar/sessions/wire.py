@@ -9,6 +9,7 @@ from sidecar._proto import peer_pb2
 from sidecar.config import NODE_ID_RE
 from sidecar.peering.envelopes import decode_envelope, encode_envelope
 from sidecar.routing.forwarder import Envelope
+from sidecar.sessions.cuts import OldCopyCuts
 from sidecar.sessions.record import SessionRecord, Subscription
 from sidecar.sessions.unreleased import Unreleased
 from sidecar.topics import MAX_SUBSCRIPTION_ID, TopicError, mqtt_string_problem, validate_filter
@@ -87,17 +88,20 @@ def _records(batch: list[peer_pb2.SessionRecord], snapshot: bool) -> bytes:
 
 def backlog_frame(client: str, exchange: int, envelopes: Iterable[Envelope],
                   unreleased: Iterable[tuple[Unreleased, Envelope]] = (),
-                  last: bool = False, cut: tuple[str, int] | None = None,
-                  granted: Iterable[tuple[str, int]] = ()) -> bytes:
+                  last: bool = False, cuts: OldCopyCuts | None = None) -> bytes:
     """A part of a moving queue (`last`: the hand-over's last one); `unreleased`: each with
-    the envelope that carries it; `cut` (origin, seq) and `granted`: the old node's cut and
-    its copy's identities (cut mode, sidecar.sessions.cuts)."""
+    the envelope that carries it; `cuts`: what the new copy leaves out (cut mode,
+    sidecar.sessions.cuts)."""
     msg = peer_pb2.SessionBacklog(client=client, exchange=exchange, last=last)
-    if cut is not None:
-        msg.cut_origin, msg.cut_seq = cut
-    for origin, seq in granted:
-        msg.granted_origins.append(origin)
-        msg.granted_seqs.append(seq)
+    if cuts is not None:
+        if cuts.cut is not None:
+            msg.cut_origin, msg.cut_seq = cuts.cut
+        for origin, seq in cuts.granted:
+            msg.granted_origins.append(origin)
+            msg.granted_seqs.append(seq)
+        for origin, seq in cuts.upstream:
+            msg.upstream_cut_origins.append(origin)
+            msg.upstream_cut_seqs.append(seq)
     for env in envelopes:
         _add(msg.envelopes.add(), env)
     for u, env in unreleased:

@@ -7,11 +7,12 @@ import asyncio
 
 from sidecar._proto import peer_pb2
 from sidecar.sessions import wire
-from sidecar.sessions.cuts import MoveCuts
+from sidecar.sessions.cuts import MoveCuts, OldCopyCuts
 
 
 def _backlog(**kw) -> peer_pb2.SessionBacklog:
-    frame = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 3, [], last=True, **kw))
+    cuts = OldCopyCuts(**kw) if kw else None
+    frame = peer_pb2.Frame.FromString(wire.backlog_frame("dev", 3, [], last=True, cuts=cuts))
     return frame.session_backlog
 
 
@@ -40,9 +41,28 @@ def test_the_old_nodes_own_cut_is_awaited_and_sent_nowhere():
 def test_the_last_frame_tells_the_live_hold_what_to_leave_out():
     cuts = MoveCuts()
     cuts.arriving["dev"] = "n1"
-    cuts.on_last_backlog(_backlog(cut=("n1/5", 42), granted=[("00ff00ff00ff00ff", 7)]))
+    cuts.on_last_backlog(_backlog(cut=("n1/5", 42), granted=(("00ff00ff00ff00ff", 7),)))
     assert cuts.release("dev") == {"granted": [["00ff00ff00ff00ff", 7]],
                                    "cuts": [["n1/5", 42]]}
     assert cuts.release("dev") == {}    # once
     cuts.on_last_backlog(_backlog())    # an older node's (or nothing to leave out)
     assert cuts.release("dev") == {}
+
+
+def test_a_chain_hands_on_what_the_old_copy_before_it_had():
+    """The client left this node before its old queue came (n1's, with n1's cut and
+    identities): the live hold here was never released, so the drain onwards takes those
+    (`upstream`) and its last frame carries them with its own, to the next node."""
+    cuts = MoveCuts()
+    cuts.on_last_backlog(_backlog(cut=("n1/5", 42), granted=(("00ff00ff00ff00ff", 7),),
+                                  upstream=(("n0/2", 9),)))
+    upstream = cuts.upstream("dev")
+    assert upstream == OldCopyCuts(granted=(("00ff00ff00ff00ff", 7),),
+                                   upstream=(("n1/5", 42), ("n0/2", 9)))
+    assert cuts.upstream("dev") == OldCopyCuts()  # once
+    onward = _backlog(cut=("n2/3", 11), granted=(("0a", 1),) + upstream.granted,
+                      upstream=upstream.upstream)
+    cuts.on_last_backlog(onward)
+    assert cuts.release("dev") == {"granted": [["0a", 1], ["00ff00ff00ff00ff", 7]],
+                                   "cuts": [["n2/3", 11], ["n1/5", 42], ["n0/2", 9]]}
+

@@ -478,9 +478,11 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
 	reply_ok(rq);
 }
 
-/* hold {client, on, ring?, since_ms?}: on: the client's offline session here queues nothing
- * (ring: a replica, which keeps what it refuses for a while); off: it queues again, first
- * replaying what a ring refused at or after since_ms when given (hold.c). */
+/* hold {client, on, ring?, live?, cut?, since_ms?, granted?, cuts?}: on: the client's offline
+ * session here queues nothing (ring: a replica, which keeps what it refuses for a while;
+ * live, cut: see hold.c; granted and cuts with cut: a chained move's skips); off: it queues
+ * again, first replaying what a ring refused at or after since_ms when given, or (granted,
+ * cuts) a live ring without what the old copy had. */
 static void cmd_hold(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
@@ -495,19 +497,24 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 	if(client == NULL || !cJSON_IsBool(on) || (ring && !cJSON_IsBool(ring))
 			|| (live && !cJSON_IsBool(live)) || (since && !cJSON_IsNumber(since))
 			|| (cut && !cJSON_IsBool(cut))
-			|| ((granted || cuts) && (cJSON_IsTrue(on) || since))){
+			|| ((granted || cuts) && (since || (cJSON_IsTrue(on) && !cJSON_IsTrue(cut))))){
 		reply_error(rq, "bad_request");
 		return;
 	}
-	if(granted || cuts){ /* a new copy's release without what the old copy had */
-		if(hold_release_skipping(client, granted, cuts) != 0){
+	if(cJSON_IsTrue(on)){
+		/* a chained move's old copy: its live ring goes in without what its old copy had */
+		if((granted || cuts) && hold_chain_skips(client, granted, cuts) != 0){
 			reply_error(rq, "bad_request");
 			return;
 		}
-	}else if(cJSON_IsTrue(on)){
 		if(hold_set(client, ring && cJSON_IsTrue(ring), live && cJSON_IsTrue(live),
 					cJSON_IsTrue(cut)) != 0){
 			reply_error(rq, "internal");
+			return;
+		}
+	}else if(granted || cuts){ /* a new copy's release without what the old copy had */
+		if(hold_release_skipping(client, granted, cuts) != 0){
+			reply_error(rq, "bad_request");
 			return;
 		}
 	}else{
@@ -736,11 +743,13 @@ static void cmd_stats(const struct request *rq)
 	struct inject_stats ij;
 	struct shed_stats sh;
 	uint64_t held, ring_messages, ring_bytes, replayed, replays_waited, replays_flushed;
+	uint64_t chains_cut;
 
 	ev_stats(&ev);
 	origin_stats(&og);
 	inject_stats(&ij);
-	hold_stats(&held, &ring_messages, &ring_bytes, &replayed, &replays_waited, &replays_flushed);
+	hold_stats(&held, &ring_messages, &ring_bytes, &replayed, &replays_waited, &replays_flushed,
+			&chains_cut);
 	shed_stats(&sh);
 	if(o){
 		cJSON_AddStringToObject(o, "epoch", ev_epoch());
@@ -764,6 +773,7 @@ static void cmd_stats(const struct request *rq)
 		cJSON_AddNumberToObject(o, "replayed", (double)replayed);
 		cJSON_AddNumberToObject(o, "replays_waited", (double)replays_waited);
 		cJSON_AddNumberToObject(o, "replays_flushed", (double)replays_flushed);
+		cJSON_AddNumberToObject(o, "chains_cut", (double)chains_cut);
 		cJSON_AddNumberToObject(o, "published", (double)ev.published);
 		cJSON_AddNumberToObject(o, "fwd_shared_denied", (double)og.denied);
 		cJSON_AddNumberToObject(o, "inject_batches", (double)ij.batches);

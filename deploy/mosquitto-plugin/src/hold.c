@@ -99,6 +99,7 @@ static unsigned armed;           /* armed live holds */
 static unsigned lives;           /* live holds: a connected client's checks look only then */
 static int64_t armed_checked_ms; /* when hold_tick last looked for armed holds past LIVE_MAX_MS */
 static uint64_t ring_bytes, ring_messages, replayed, replays_waited, replays_flushed;
+static uint64_t chains_cut;      /* chained moves' old copies held in cut mode */
 static unsigned owed;            /* holds with an arm or a hold owed at the next tick */
 
 
@@ -237,6 +238,21 @@ static void replay(struct hold *h)
 	while(h->head) drop_oldest(h);
 }
 
+/* A chained move's old copy in cut mode, at its tick: what its live ring kept goes into the
+ * session now (less what its own old copy had: the skips it was given), and it is a plain
+ * hold from here on. */
+static void chain_to_plain(struct hold *h)
+{
+	stop_releasing(h);
+	h->since_ms = 0;
+	replay(h);
+	set_armed(h, false);
+	if(h->live) lives--;
+	h->live = false;
+	leave_cut_mode(h);
+	chains_cut++;
+}
+
 /* Hold `id`'s session (a ring hold keeps what it refuses; a live one, see above).
  * 0, or -1: out of memory. */
 int hold_set(const char *id, bool ring, bool live, bool cut)
@@ -255,9 +271,17 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 		replays_flushed++;
 	}
 	/* its client moves on before its live ring was released: that ring, filtered by this
-	 * move's cuts, goes into the session (the onward move is not in cut mode) */
+	 * move's cuts, goes into the session */
 	chained = h != NULL && h->armed && !live;
-	cut_hold = cut && !ring && !live && !chained;
+	cut_hold = cut && !ring && !live;
+	if(chained && cut_hold && h->move != NULL){
+		/* ...in cut mode (the onward move's old copy): the ring keeps until the next tick,
+		 * where it goes into the session, the hold turns plain and its marker goes out
+		 * (`hold_tick`), so this node's messages before the marker are in the session,
+		 * those after refused here (the onward copy keeps them) */
+		set_owed(h, &h->hold_owed, true);
+		return 0;
+	}
 
 	if(h == NULL){
 		h = calloc(1, sizeof(*h));
@@ -288,7 +312,7 @@ int hold_set(const char *id, bool ring, bool live, bool cut)
 	}
 	if(!live) set_owed(h, &h->arm_owed, false);
 	/* the old copy of a move is held at the next tick, with its cut: until then it queues */
-	set_owed(h, &h->hold_owed, cut_hold);
+	set_owed(h, &h->hold_owed, cut_hold && !chained);
 	origin_keep_props(rings > 0); /* re-injections' properties, for the rings */
 	return 0;
 }
@@ -339,6 +363,7 @@ void hold_release(const char *id, bool replay, int64_t since_ms)
 
 	if(h == NULL) return;
 	if(h->armed){ /* a live ring: everything it kept, whatever was asked */
+		set_owed(h, &h->hold_owed, false); /* (a chained move's hold that had not begun) */
 		release_at_tick(h, 0, false);
 		return;
 	}
@@ -379,7 +404,8 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	if(online && lives == 0) return false; /* (no lookup) */
 	h = find(id);
 	if(h == NULL) return false;
-	if(h->hold_owed) return false; /* cut mode: the old copy queues until its hold's tick */
+	/* cut mode: the old copy queues until its hold's tick (a chained one's ring keeps) */
+	if(h->hold_owed && !h->armed) return false;
 	if(online && h->live){
 		if(h->move == NULL){
 			set_armed(h, true);
@@ -391,6 +417,9 @@ bool hold_refuses(const char *id, bool shared_check, bool online, const char *to
 	}
 	live = h->armed;
 	if(online && !live) return false; /* only a live hold acts on a connected client */
+	if(live && !online && origin_read_identity(&origin, &seq) && cut_refuses(id, origin, seq)){
+		return true; /* its client left: the next node's messages from its cut are its own */
+	}
 	if(shared_check && (live || !h->ring)) return false; /* (a plain or live hold) */
 	if(live && topic != NULL && (qos > 0 || online)){
 		if(h->bytes + len > RING_BYTES_PER_HOLD || h->count >= RING_MESSAGES_PER_HOLD
@@ -460,6 +489,7 @@ void hold_tick(void)
 				send_marker(h, true);
 			}else if(h->hold_owed){
 				set_owed(h, &h->hold_owed, false);
+				if(h->armed) chain_to_plain(h);
 				send_marker(h, false);
 			}
 		}
@@ -511,8 +541,18 @@ int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cut
 	return 0;
 }
 
+/* A chained move's old copy, held in cut mode (`hold_set`): its live ring goes into the
+ * session without what its own old copy had (as `hold_release_skipping`). 0, or -1:
+ * malformed. */
+int hold_chain_skips(const char *id, const cJSON *granted, const cJSON *cuts)
+{
+	struct hold *h = find(id);
+
+	return move_set_skips(h != NULL && h->armed ? h->move : NULL, granted, cuts);
+}
+
 void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *replays,
-		uint64_t *waited, uint64_t *flushed)
+		uint64_t *waited, uint64_t *flushed, uint64_t *chained)
 {
 	*held = HASH_COUNT(holds);
 	*messages = ring_messages;
@@ -520,6 +560,7 @@ void hold_stats(uint64_t *held, uint64_t *messages, uint64_t *bytes, uint64_t *r
 	*replays = replayed;
 	*waited = replays_waited;
 	*flushed = replays_flushed;
+	*chained = chains_cut;
 }
 
 void hold_clear(void)
@@ -535,5 +576,5 @@ void hold_clear(void)
 	armed = lives = owed = 0;
 	armed_checked_ms = 0;
 	origin_keep_props(false);
-	ring_bytes = ring_messages = replayed = replays_waited = replays_flushed = 0;
+	ring_bytes = ring_messages = replayed = replays_waited = replays_flushed = chains_cut = 0;
 }

@@ -12,6 +12,7 @@
 int hold_set(const char *id, bool ring, bool live, bool cut);
 void hold_on_connect(const char *id);
 int hold_release_skipping(const char *id, const cJSON *granted, const cJSON *cuts);
+int hold_chain_skips(const char *id, const cJSON *granted, const cJSON *cuts);
 void hold_release(const char *id, bool replay, int64_t since_ms);
 bool hold_refuses(const char *id, bool shared_check, bool online, const char *topic,
 		const void *payload, uint32_t len, uint8_t qos);
@@ -20,7 +21,7 @@ void hold_tick(void);
 /* `waited`: ticks a replay waited for, a batch injected before it; `flushed`: replays done at
  * once, their client having moved on (see hold.c). */
 void hold_stats(uint64_t *held, uint64_t *ring_messages, uint64_t *ring_bytes,
-		uint64_t *replayed, uint64_t *waited, uint64_t *flushed);
+		uint64_t *replayed, uint64_t *waited, uint64_t *flushed, uint64_t *chained);
 void hold_clear(void);
 
 #endif

@@ -270,3 +270,48 @@ def test_an_old_copy_keeps_the_cut_of_each_new_node_and_ignores_one_for_an_older
     st = sidecar.call("stats")
     assert (st["cut_refused"], st["cuts_applied"], st["cuts_ignored"]) == (2, 2, 1), st
 
+
+
+def test_a_chained_moves_old_copy_is_held_in_cut_mode(broker, sidecar, client_factory, clients):
+    """The client moved here (a live hold in cut mode) and went on to another node before its
+    old queue came: the onward move's hold (the drain's, in cut mode, with what this copy's own
+    old copy had) puts the live ring into the session at the next tick without those, and
+    sends this node's own cut there: its messages before are in the session, those after are
+    refused (the onward copy keeps them). The ring kept nothing of the onward node's from its
+    cut on. Before, a chained move had no cut: both copies delivered the overlap."""
+    fwd = forwarding(clients, broker)
+    inject_ = Injector(sidecar)
+    offline(client_factory, sidecar, "chain", "ch/#")
+    assert sidecar.call("hold", client="chain", on=True, live=True, cut=True)["ok"]
+    c = client_factory("chain", session_expiry=300, clean_start=False)
+    assert c.connect() is True
+    wait_marker(fwd, b"cut:chain")
+    inject_(*msgs("n2", "ch/a", [1, 2]))
+    pub = client_factory("local-pub")
+    pub.connect()
+    pub.publish("ch/l", "local-1", qos=1)
+    wait_for(lambda: sidecar.call("stats")["ring_messages"] == 3, 5, "kept")
+    c.disconnect()
+    sidecar.wait_type("disconnect", client="chain", count=2)
+    inject_(cut_record("chain", "n4", 2, now_hlc(5)))  # the onward node's cut
+    inject_(*msgs("n4", "ch/b", [1, 2, 3]), *msgs("n3", "ch/c", [7]))
+    wait_for(lambda: sidecar.call("stats")["ring_messages"] == 5, 5, "kept while away")
+    before = len(fwd.received(lambda m: m.topic == PROBE))
+    # the drain's hold, with what the old copy had: n2's messages below its cut 2
+    assert sidecar.call("hold", client="chain", on=True, cut=True, cuts=[["n2", 2]])["ok"]
+    wait_for(lambda: len(fwd.received(lambda m: m.topic == PROBE)) > before, 5, "its own cut")
+    assert wait_marker(fwd, b"cut:chain") > 0  # (the first: the new copy's, with its connect)
+    assert fwd.received(lambda m: m.topic == PROBE)[-1].payload == b"cut:chain"
+    pub.publish("ch/l", "local-2", qos=1)  # after its own cut: the onward copy's
+    inject_(*msgs("n2", "ch/a", [3]))      # held plainly now: refused
+    stats = sidecar.call("stats")
+    assert (stats["chains_cut"], stats["ring_messages"], stats["cut_refused"],
+            stats["cut_skipped"]) == (1, 0, 2, 1), stats
+    # what went into the session is granted to the onward move (identities, n2:1 left out)
+    assert [seq for _, seq in sidecar.call("granted", client="chain")["granted"]] == [2, 1, 7]
+    assert sidecar.call("hold", client="chain", on=False)["ok"]
+    again = client_factory("chain", session_expiry=300, clean_start=False)
+    assert again.connect() is True
+    again.wait_messages(lambda m: m.topic.startswith("ch/"), count=4)
+    time.sleep(0.3)
+    assert [m.payload for m in again.messages] == [b"n2:2", b"local-1", b"n4:1", b"n3:7"]
