@@ -176,8 +176,8 @@ class RoutingService(CatchUpWiring):
         # a moving session's cut mode (sessions): whom this node's cut for a client goes to,
         # and the cut's seq once made (docs/architecture.md §5)
         self.cut_target: Callable[[str], str | None] = lambda client: None
-        # whether a peer's cut for a client goes to the copy here (client, the cut's HLC)
-        self.cut_applies: Callable[[str, int], bool] = lambda client, hlc: True
+        # whether a peer's cut for a client goes to the copy here (sessions' cut_applies)
+        self.cut_applies: Callable[[str], bool] = lambda client: True
         self.on_cut: Callable[[str, int], None] = lambda client, seq: None
         self._tasks: list[asyncio.Task] = []
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
@@ -784,7 +784,7 @@ class RoutingService(CatchUpWiring):
                 if batch is None:
                     self._run_receive(receiver.refuse(peer, env, now))
                     continue
-                if not self.cut_applies(env.cut_client, env.hlc):  # no old copy of it here
+                if not self.cut_applies(env.cut_client):  # no old copy of it here
                     self._counters["cuts_not_here"] += 1
                     self._run_receive(receiver.settled(peer, env, now))
                     continue

@@ -500,16 +500,15 @@ class SessionRegistry:
                 "denied": len(self.denied), "busy": len(self.busy),
                 "replicas": len(self.replica), "replicas_queueing": len(self.queueing)}
 
-    def cut_applies(self, client: str, hlc: int) -> bool:
-        """Whether a peer's cut for `client` (cut mode, docs/architecture.md §5; `hlc`: its
-        client's connect there, or from an older peer when it made the cut) goes to the copy
-        here: one the client used, for a connect before that one (an old copy of that move,
-        still here or being drained). Not a replica, nor a copy made ahead of a client that
-        went elsewhere, nor one the client connected to since: those would refuse what they
-        must keep (the plugin also checks its own connect time, which may not be here yet)."""
+    def cut_applies(self, client: str) -> bool:
+        """Whether a peer's cut for `client` (cut mode, docs/architecture.md §5) goes to the
+        copy here: one its client used (an old copy of that move, still here or being
+        drained), not a replica nor a copy made ahead of a client that went elsewhere, which
+        would refuse what they must keep. The plugin then applies it only if the client's
+        last connect here came before the cut's (its own connect time is exact; this node's
+        record of it comes later, after the plugin's event)."""
         used = self.held.get(client)
-        return used is not None and used[1] and used[0] < hlc \
-            and self.presence.get(client) in ("online", "session")
+        return used is not None and used[1] and self.presence.get(client) in ("online", "session")
 
     def takes_backlog(self, client: str) -> bool:
         """Whether a moving session's queue for `client` may go into its session here: while

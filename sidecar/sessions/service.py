@@ -722,9 +722,9 @@ class SessionService:
             log.warning("releasing QoS 2 messages to a moved client failed: %s", exc,
                         extra={"client": client, "messages": len(good)})
 
-    def cut_applies(self, client: str, hlc: int) -> bool:
+    def cut_applies(self, client: str) -> bool:
         """Whether a peer's cut for `client` goes to the copy here (`SessionRegistry`)."""
-        return self.registry.cut_applies(client, hlc)
+        return self.registry.cut_applies(client)
 
     def _resumed_here(self, client: str) -> bool:
         """Whether `client` connected here since an operation on its copy was decided (before

@@ -387,3 +387,13 @@ def test_an_adopted_replica_makes_the_shared_subscriptions_too():
     assert "dev" in c.nodes[rep].denied
     c.run(rep, c.nodes[rep].on_materialized("dev", True, c.now))
     assert "dev" not in c.nodes[rep].denied and "dev" not in c.nodes[rep].unshared
+
+
+def test_a_replica_takes_no_cut():
+    """A replica queues for its client's offline session: a cut there (cut mode sends one to
+    every peer) would refuse what it must keep if its owner dies."""
+    c = Replicated()
+    rep = online_with_replica(c)
+    assert c.nodes["n1"].cut_applies("dev")
+    assert not c.nodes[rep].cut_applies("dev")
+
