@@ -98,7 +98,7 @@ def _session_counts(cluster) -> dict[str, dict]:
     keys = ("backlog_sent", "backlog_received", "backlog_failed", "sync_timeouts", "failures",
             "drained", "moves", "unreleased_sent", "unreleased_received", "unreleased_refused",
             "ordered_moves", "order_timeouts", "order_moved_on", "order_chained",
-            "settle_waited", "settle_waits_expired")
+            "settle_waited", "settle_waits_expired", "own_cut_timeouts")
     return {n: {k: v for k, v in (cluster.state(n).get("cluster_sessions") or {}).items()
                 if k in keys} for n in ("n1", "n2", "n3")}
 
@@ -430,14 +430,19 @@ def test_back_to_back_moves_through_the_front_lose_nothing(shared_cluster):
     cluster = shared_cluster
     topic = f"moves/q2/b2b-front/{time.time_ns()}"
     dev = _session(cluster, "n1", topic, qos=2)
+    before = _session_counts(cluster)
     sent = _twenty_moves(cluster, dev, topic, 2, moves=9, every=0.0, front=True)
     got = dev.wait_count(len(set(sent)), timeout=30)
     missing = sorted(set(sent) - set(got))
     counts = _session_counts(cluster)
+    grew = _grew(cluster, before, ("order_chained", "own_cut_timeouts"))
     print(f"9 moves back to back through the front at QoS 2: {len(sent)} sent, "
           f"{len(got) - len(set(got))} duplicates, {_breaks(got)} order breaks, "
-          f"{dev.attempts} connect attempts")
+          f"{dev.attempts} connect attempts; {grew}")
     assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}; {counts}"
+    # a chained move (its client gone on before the old queue came) is in cut mode: its own
+    # cut comes (it waited 5 s for none before, holding the client's messages meanwhile)
+    assert grew["own_cut_timeouts"] == 0, grew
     dev.leave()
 
 
