@@ -102,10 +102,15 @@ class MoveCuts:
     def upstream(self, client: str) -> OldCopyCuts:
         """What the old copy of `client`'s copy here had, when its live hold was not released
         (the client moved on before that queue came: a chain): the drain's hold leaves it out
-        of the live ring, and the onward copy out of what it kept."""
-        fields = self._skips.pop(client, {})
+        of the live ring, and the onward copy out of what it kept. Kept until the drain went
+        (`forget_upstream`): a failed one is tried again."""
+        fields = self._skips.get(client, {})
         return OldCopyCuts(granted=tuple((str(o), int(s)) for o, s in fields.get("granted", ())),
                            upstream=tuple((str(o), int(s)) for o, s in fields.get("cuts", ())))
+
+    def forget_upstream(self, client: str) -> None:
+        """`client`'s drain onwards went: what its old copy had is in the onward copy."""
+        self._skips.pop(client, None)
 
     def release(self, client: str) -> dict[str, Any]:
         """The `hold` fields that release `client`'s live hold here (the move is over)."""

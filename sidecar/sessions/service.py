@@ -534,8 +534,8 @@ class SessionService:
             seq = await self.cuts.own_cut(client, lambda: self._command(
                 "hold", client=client, on=True, cut=True, **skips))
             own = (origin_of(self.node_id, self.incarnation), seq) if seq is not None else None
-            cuts = dataclasses.replace(upstream, cut=own,
-                           granted=tuple(await self._granted(client)) + upstream.granted)
+            granted = tuple(await self._granted(client)) + upstream.granted
+            cuts = dataclasses.replace(upstream, cut=own, granted=granted)
         else:
             await self._command("hold", client=client, on=True)
         unreleased = await self._unreleased(action.client)
@@ -563,6 +563,8 @@ class SessionService:
             finally:
                 await self.shadows.finish(shadow, ok, taken)
         log.debug("session drained", extra={"client": action.client, "ok": ok})
+        if ok:
+            self.cuts.forget_upstream(client)  # (a failed drain's retry sends it again)
         self._run(self.registry.on_drained(action.client, ok, _wall_ms()))
 
     async def _hand_over_to_newest(self, action: Drain, queued: list,
