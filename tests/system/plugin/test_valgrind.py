@@ -294,6 +294,34 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings, 20, "replayed")
     assert [q for _, q in sc.call("granted", client="vg-flush", timeout=20)["granted"]] == [9]
     assert sc.call("hold", client="vg-flush", on=False, timeout=20)["ok"]
+    # a chained move's old copy in cut mode (hold.c `chain_to_plain`): its armed live ring
+    # keeps nothing of another node's from that node's cut once its client left, then goes
+    # into the session at the tick without what its own old copy had, with its own cut
+    chain = client("vg-chain", session_expiry=300, clean_start=False)
+    chain.connect()
+    chain.subscribe("ch/#", 1, timeout=20)
+    chain.disconnect()
+    assert sc.call("hold", client="vg-chain", on=True, live=True, cut=True, timeout=20)["ok"]
+    chain = client("vg-chain", session_expiry=300, clean_start=False)
+    chain.connect()
+    time.sleep(0.5)  # armed at a tick
+    rings = sc.call("stats", timeout=20)["ring_messages"]
+    sc.send(encode_batch(9, [Record("ch/1", b"a", 1, seq=1, origin="n2"),
+                             Record("ch/1", b"b", 1, seq=2, origin="n2")]), topic=INJECT_TOPIC)
+    wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings + 2, 20, "kept")
+    chain.disconnect()
+    sc.wait_type("disconnect", client="vg-chain", count=2, timeout=20)
+    hlc = (int(time.time() * 1000) + 5) << 16
+    sc.send(encode_batch(10, [cut_record("vg-chain", "n5", 2, hlc),
+                              Record("ch/2", b"c", 1, seq=1, origin="n5"),
+                              Record("ch/2", b"d", 1, seq=2, origin="n5")]), topic=INJECT_TOPIC)
+    wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings + 3, 20, "n5:1")
+    assert sc.call("hold", client="vg-chain", on=True, cut=True, cuts=[["n2", 2]],
+                   timeout=20)["ok"]
+    wait_for(lambda: sc.call("stats", timeout=20)["chains_cut"] == 1, 20, "the chain's tick")
+    assert sc.call("stats", timeout=20)["ring_messages"] == rings
+    assert [q for _, q in sc.call("granted", client="vg-chain", timeout=20)["granted"]] == [2, 1]
+    assert sc.call("hold", client="vg-chain", on=False, timeout=20)["ok"]
     assert not [m for m in member.messages if m.topic == "f/2"]
     assert [m.payload for m in shard.messages] == [b"ordinary"]
     shard.disconnect()  # its session stays
