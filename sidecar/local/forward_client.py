@@ -62,14 +62,6 @@ BARRIER_TOPIC = "$CONTROL/mqfed/barrier"
 PROBE_TOPIC = "$SYS/broker/mqfed/fwd-probe"
 """Topic of the plugin's targeted probes to the forwarding client (sidecar.local.midgaps)."""
 CUT_PREFIX = b"cut:"  # a probe carrying a moving session's cut (plugin hold.c, cut mode)
-
-
-def cut_marker(payload: bytes) -> CutMarker:
-    """A cut probe's payload: `cut:<client>`, a new copy's followed by NUL and its client's
-    connect time (decimal wall clock ms; an MQTT client id has no NUL)."""
-    client, _, connect = payload[len(CUT_PREFIX):].partition(b"\0")
-    connect_ms = int(connect) if connect.isdigit() and len(connect) <= 15 else 0
-    return CutMarker(client.decode("utf-8", "replace"), connect_ms)
 _ID_AND_OPTIONS = itemgetter(1, 2)  # (subscription id, no local) of a subscribe_many triple
 PACKET_FILTERS = 256
 """Most filters per SUBSCRIBE or UNSUBSCRIBE packet (the identifier groups' size too)."""
@@ -78,6 +70,14 @@ _OPTIONS = {no_local: SubscribeOptions(qos=2, noLocal=no_local, retainAsPublishe
                                        retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
                                        ).pack()[0] for no_local in (False, True)}
 """The forwarding subscriptions' options byte, with and without No Local."""
+
+
+def cut_marker(payload: bytes) -> CutMarker:
+    """A cut probe's payload: `cut:<client>`, a new copy's followed by NUL and its client's
+    connect time (decimal wall clock ms; an MQTT client id has no NUL)."""
+    client, _, connect = payload[len(CUT_PREFIX):].partition(b"\0")
+    connect_ms = int(connect) if connect.isdigit() and len(connect) <= 15 else 0
+    return CutMarker(client.decode("utf-8", "replace"), connect_ms)
 
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:

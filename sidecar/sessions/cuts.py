@@ -43,6 +43,14 @@ class OldCopyCuts:
     granted: tuple[tuple[str, int], ...] = ()
     upstream: tuple[tuple[str, int], ...] = ()
 
+    def hold_fields(self) -> dict[str, Any]:
+        """As the plugin's `hold` command takes them (`granted`, `cuts`: every cut); none
+        when there is nothing to leave out."""
+        cuts = ([list(self.cut)] if self.cut else []) + [list(c) for c in self.upstream]
+        if not self.granted and not cuts:
+            return {}
+        return {"granted": [list(g) for g in self.granted], **({"cuts": cuts} if cuts else {})}
+
 
 class MoveCuts:
     """Who a cut goes to, the old node's own cut, and what a new copy leaves out."""
@@ -50,7 +58,8 @@ class MoveCuts:
     def __init__(self) -> None:
         self.arriving: dict[str, str] = {}  # new node: client -> old node (where its cut goes)
         self._own: dict[str, asyncio.Future[int]] = {}  # old node: client -> its cut
-        self._skips: dict[str, dict[str, Any]] = {}  # new node: client -> release fields
+        # new node: client -> what the old copy had (its last frame's cuts, all as upstream)
+        self._skips: dict[str, OldCopyCuts] = {}
         self.counters = {"cuts_sent": 0, "own_cuts": 0, "own_cut_timeouts": 0,
                          "releases_skipping": 0}
 
@@ -90,23 +99,19 @@ class MoveCuts:
         it is released (its identities, and the old node's own messages below its cut)."""
         if not msg.cut_seq and not msg.granted_seqs and not msg.upstream_cut_seqs:
             return
-        fields: dict[str, Any] = {"granted": [[o, s] for o, s in zip(
-            msg.granted_origins, msg.granted_seqs, strict=False)]}
-        cuts = [[msg.cut_origin, msg.cut_seq]] if msg.cut_seq and msg.cut_origin else []
-        cuts += [[o, s] for o, s in zip(msg.upstream_cut_origins, msg.upstream_cut_seqs,
+        cuts = [(msg.cut_origin, msg.cut_seq)] if msg.cut_seq and msg.cut_origin else []
+        cuts += [(o, s) for o, s in zip(msg.upstream_cut_origins, msg.upstream_cut_seqs,
                                         strict=False) if o and s]
-        if cuts:
-            fields["cuts"] = cuts
-        self._skips[msg.client] = fields
+        self._skips[msg.client] = OldCopyCuts(
+            granted=tuple(zip(msg.granted_origins, msg.granted_seqs, strict=False)),
+            upstream=tuple(cuts))
 
     def upstream(self, client: str) -> OldCopyCuts:
         """What the old copy of `client`'s copy here had, when its live hold was not released
         (the client moved on before that queue came: a chain): the drain's hold leaves it out
         of the live ring, and the onward copy out of what it kept. Kept until the drain went
         (`forget_upstream`): a failed one is tried again."""
-        fields = self._skips.get(client, {})
-        return OldCopyCuts(granted=tuple((str(o), int(s)) for o, s in fields.get("granted", ())),
-                           upstream=tuple((str(o), int(s)) for o, s in fields.get("cuts", ())))
+        return self._skips.get(client, OldCopyCuts())
 
     def forget_upstream(self, client: str) -> None:
         """`client`'s drain onwards went: what its old copy had is in the onward copy."""
@@ -115,7 +120,7 @@ class MoveCuts:
     def release(self, client: str) -> dict[str, Any]:
         """The `hold` fields that release `client`'s live hold here (the move is over)."""
         self.arriving.pop(client, None)
-        fields = self._skips.pop(client, {})
+        fields = self._skips.pop(client, OldCopyCuts()).hold_fields()
         if fields:
             self.counters["releases_skipping"] += 1
         return fields

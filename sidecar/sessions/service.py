@@ -528,11 +528,8 @@ class SessionService:
             # a chain (its client left before the old queue came here): what that queue's
             # copy had goes out of the live ring here, and out of what the onward copy kept
             upstream = self.cuts.upstream(client)
-            skips = {"granted": [list(g) for g in upstream.granted],
-                     "cuts": [list(c) for c in upstream.upstream]} \
-                if upstream.granted or upstream.upstream else {}
             seq = await self.cuts.own_cut(client, lambda: self._command(
-                "hold", client=client, on=True, cut=True, **skips))
+                "hold", client=client, on=True, cut=True, **upstream.hold_fields()))
             own = (origin_of(self.node_id, self.incarnation), seq) if seq is not None else None
             granted = tuple(await self._granted(client)) + upstream.granted
             cuts = dataclasses.replace(upstream, cut=own, granted=granted)

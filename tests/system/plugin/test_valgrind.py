@@ -58,6 +58,19 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     def client(cid, **kw):
         return clients(Client(cid, port=b.port, **kw))
 
+    def moved_here(cid: str, filt: str) -> Client:
+        """`cid`'s persistent session (`filt`) held live in cut mode (its client moves here),
+        its client connected again, the hold armed at a tick."""
+        c = client(cid, session_expiry=300, clean_start=False)
+        c.connect()
+        c.subscribe(filt, 1, timeout=20)
+        c.disconnect()
+        assert sc.call("hold", client=cid, on=True, live=True, cut=True, timeout=20)["ok"]
+        c = client(cid, session_expiry=300, clean_start=False)
+        c.connect()
+        time.sleep(0.5)  # armed at a tick
+        return c
+
     # connect (v5 persistent, v3.1.1), subscribe ($share too), unsubscribe, retained
     p = client("vg-persist", session_expiry=300, clean_start=False)
     p.connect()
@@ -246,14 +259,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert sc.call("hold", client="vg-old", on=True, cut=True, timeout=20)["ok"]
     granted = sc.call("granted", client="vg-old", timeout=20)["granted"]
     assert [seq for _, seq in granted] == [1], granted
-    new = client("vg-new", session_expiry=300, clean_start=False)
-    new.connect()
-    new.subscribe("k/#", 1, timeout=20)
-    new.disconnect()
-    assert sc.call("hold", client="vg-new", on=True, live=True, cut=True, timeout=20)["ok"]
-    new = client("vg-new", session_expiry=300, clean_start=False)
-    new.connect()
-    time.sleep(0.5)  # armed at a tick
+    new = moved_here("vg-new", "k/#")
     sc.send(encode_batch(6, [Record("k/2", b"n1", 1, seq=1, origin="n2"),
                              Record("k/2", b"n2", 1, seq=2, origin="n2")]), topic=INJECT_TOPIC)
     time.sleep(0.5)
@@ -266,14 +272,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     assert sc.call("hold", client="vg-old", on=False, timeout=20)["ok"]
     # a release whose replay waits (a batch injected in its iteration) and the onward move's
     # hold before that tick: the replay goes in at once (hold.c `replay`), granted
-    flush = client("vg-flush", session_expiry=300, clean_start=False)
-    flush.connect()
-    flush.subscribe("fl/#", 1, timeout=20)
-    flush.disconnect()
-    assert sc.call("hold", client="vg-flush", on=True, live=True, cut=True, timeout=20)["ok"]
-    flush = client("vg-flush", session_expiry=300, clean_start=False)
-    flush.connect()
-    time.sleep(0.5)  # armed at a tick
+    flush = moved_here("vg-flush", "fl/#")
     rings = sc.call("stats", timeout=20)["ring_messages"]
     sc.send(encode_batch(7, [Record("fl/1", b"k", 1, seq=9, origin="n2")]), topic=INJECT_TOPIC)
     wait_for(lambda: sc.call("stats", timeout=20)["ring_messages"] == rings + 1, 20, "kept")
@@ -297,14 +296,7 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     # a chained move's old copy in cut mode (hold.c `chain_to_plain`): its armed live ring
     # keeps nothing of another node's from that node's cut once its client left, then goes
     # into the session at the tick without what its own old copy had, with its own cut
-    chain = client("vg-chain", session_expiry=300, clean_start=False)
-    chain.connect()
-    chain.subscribe("ch/#", 1, timeout=20)
-    chain.disconnect()
-    assert sc.call("hold", client="vg-chain", on=True, live=True, cut=True, timeout=20)["ok"]
-    chain = client("vg-chain", session_expiry=300, clean_start=False)
-    chain.connect()
-    time.sleep(0.5)  # armed at a tick
+    chain = moved_here("vg-chain", "ch/#")
     rings = sc.call("stats", timeout=20)["ring_messages"]
     sc.send(encode_batch(9, [Record("ch/1", b"a", 1, seq=1, origin="n2"),
                              Record("ch/1", b"b", 1, seq=2, origin="n2")]), topic=INJECT_TOPIC)
