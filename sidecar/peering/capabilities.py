@@ -16,6 +16,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_CLAIMS,
     SESSION_CUTS,
     SESSION_CUTS_ANYWHERE,
     SESSION_ORDER,
@@ -30,6 +31,7 @@ FRAME_FIELDS: dict[int, str] = {
     10: RETAINED, 11: RETAINED, 12: RETAINED, 13: RETAINED,  # retained_*
     14: INTEREST_CHUNKS,  # interest_applied
     20: SESSIONS, 21: SESSIONS, 22: SESSIONS, 23: SESSIONS, 24: SESSIONS,  # session_*
+    25: SESSION_CLAIMS, 26: SESSION_CLAIMS,  # session_claim, session_claimed
     30: WILLS, 31: WILLS,  # will_*
     40: DRAIN,  # node_state
 }
@@ -51,6 +53,8 @@ MISSING_MEANS: dict[str, str] = {
     SESSION_CUTS_ANYWHERE: "a client that reconnects through both faster than its last "
                            "connect's record travels may get some messages twice (the cut "
                            "goes only to the node that record names)",
+    SESSION_CLAIMS: "a client that reconnects through both faster than a session record "
+                    "travels may be admitted by both at once and get some messages twice",
     CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
               "there between the SUBACK and then are missed)",
 }

@@ -39,6 +39,7 @@ __all__ = [
     "RETAINED",
     "SESSIONS",
     "SESSION_CUTS",
+    "SESSION_CLAIMS",
     "SESSION_CUTS_ANYWHERE",
     "SESSION_ORDER",
     "SESSION_REPLICAS",
@@ -85,9 +86,13 @@ SESSION_CUTS_ANYWHERE = "session-cuts-anywhere"
 before that connect (the envelope's HLC is the connect's time): the new node of a move sends
 its cut to every such peer, since the record of its client's last connect may not have reached
 it yet (a quick reconnect). Listed only with `routing.inject_batches` on."""
+SESSION_CLAIMS = "session-claims"
+"""SessionClaim / SessionClaimed frames: a node admits a client whose session another node
+owns only once every peer granted its claim, and keeps the client out while another node's
+claim is in force (sidecar.sessions.claims)."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
                                           SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER,
-                                          SESSION_CUTS, SESSION_CUTS_ANYWHERE})
+                                          SESSION_CUTS, SESSION_CUTS_ANYWHERE, SESSION_CLAIMS})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

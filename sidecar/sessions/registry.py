@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from sidecar.hlc import HybridClock
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
 from sidecar.rendezvous import ranked
+from sidecar.sessions.claims import Claims
 from sidecar.sessions.record import (
     NO_LOCAL,
     RETAIN_AS_PUBLISHED,
@@ -153,8 +154,32 @@ class Forget:
     clients: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Send this node's claim of `client` (`hlc`) to `peers`, or, `withdrawn`, tell them it
+    is given up (`sidecar.sessions.claims`)."""
+
+    client: str
+    hlc: int
+    peers: tuple[str, ...]
+    withdrawn: bool = False
+    renews: str = ""
+    """Not this node's claim: the claim `hlc` of node `renews`, which kept the client out
+    here when it tried (it goes on from now)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """Answer `peer`'s claim of `client` (`hlc`), after the records this node has for it."""
+
+    client: str
+    peer: str
+    hlc: int
+    granted: bool
+
+
 Action = (Publish | Kick | Deny | Admit | Hold | Materialize | Resubscribe | Drain | Discard
-          | Forget)
+          | Forget | Claim | Claimed)
 
 
 @dataclass
@@ -203,12 +228,20 @@ class SessionRegistry:
     # nodes that hold no replicas and take no session handed off: draining ones, and peers
     # of a version without replicas (set by the adapter; `set_unavailable`)
     unavailable: frozenset[str] = frozenset()
+    # who admits a client whose session is owned elsewhere (claims.py); peers that take
+    # claims (capability `session-claims`; the adapter)
+    claims: Claims = field(init=False)
+    claimers: set[str] = field(default_factory=set)
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
         "handed_off": 0, "lost_handed_to_replica": 0, "adopted": 0, "ordered_moves": 0,
         "order_timeouts": 0, "order_moved_on": 0, "order_chained": 0,
-        "settle_waited": 0, "settle_waits_expired": 0})
+        "settle_waited": 0, "settle_waits_expired": 0, "claims": 0, "claims_won": 0,
+        "claims_lost": 0, "claims_lapsed": 0, "claims_granted": 0, "claims_refused": 0})
+
+    def __post_init__(self) -> None:
+        self.claims = Claims(self.node_id)
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
@@ -219,6 +252,7 @@ class SessionRegistry:
         self.presence[client] = "online"
         self._unreplicate(client)
         self.arriving.discard(client)
+        self.claims.used(client)
         old = self.records.get(client)
         hlc = self.clock.now(now_ms).pack()
         fresh = clean_start or not session_present
@@ -284,21 +318,86 @@ class SessionRegistry:
 
     def on_connect_rejected(self, client: str | None, reason: str,
                             now_ms: int) -> list[Action]:
-        """A connect closed by the deny list: make the session here, then admit the client."""
-        if client is None or reason != "denied" or client in self.busy:
+        """A connect closed by the deny list: make the session here and claim the client
+        from the peers, then admit it."""
+        if client is None or reason != "denied":
             return []
         record = self.records.get(client)
+        renewed = self._renew(client, now_ms)
         if record is None or not self._resumable(record, now_ms) or record.owner == self.node_id:
-            return []
+            return renewed
+        out = renewed + self._claim(client, now_ms)
+        if client in self.busy:
+            return out
         if client in self.replica and self.presence.get(client) == "session":
-            return self._arrive_at_replica(client, record, now_ms)
+            return out + self._arrive_at_replica(client, record, now_ms)
         if client in self.presence:
-            return []
+            return out
         # Held (queueing nothing) until its client connects here: until then the node it
         # comes from queues for it, and that node stops only after a barrier with every peer
         # (the adapter's Drain), so nothing routed before the connect is missed.
         self.busy[client] = "materialize"
-        return [self._hold_arriving(client, record), Materialize(record)]
+        return out + [self._hold_arriving(client, record), Materialize(record)]
+
+    def _claim(self, client: str, now_ms: int) -> list[Action]:
+        """Claim `client` from the peers up that take claims, unless a claim of it is in
+        force here already (then the client retries)."""
+        peers = tuple(sorted(self.claimers & self.up))
+        claim = self.claims.start(client, self.clock.now(now_ms).pack(), peers, now_ms)
+        if claim is None:
+            return []
+        self.counters["claims"] += 1
+        if not peers:
+            self.counters["claims_won"] += 1
+            return self._settle(client, now_ms)
+        return [Claim(client, claim.hlc, peers)]
+
+    def _renew(self, client: str, now_ms: int) -> list[Action]:
+        """`client` tried here and was kept out: the claims that did it go on, everywhere."""
+        out: list[Action] = []
+        for claimant, hlc in self.claims.in_force(client, now_ms):
+            self.claims.renew(client, claimant, hlc, now_ms)
+            mine = self.claims.own.get(client) if claimant == self.node_id else None
+            peers = mine.asked if mine is not None else self.claimers & self.up
+            if peers:
+                out.append(Claim(client, hlc, tuple(sorted(peers)), renews=claimant))
+        return out
+
+    def on_claim(self, client: str, claimant: str, hlc: int, lasts_ms: int, withdrawn: bool,
+                 now_ms: int, renews: str = "") -> list[Action]:
+        """`claimant` claims `client` (or gives its claim up, or renews node `renews`'s
+        claim): granted, the client is kept out here while the claim is in force (the deny
+        goes ahead of the answer)."""
+        self.clock.observe(hlc, now_ms)
+        if renews:
+            self.claims.renew(client, renews, hlc, now_ms)
+            return []
+        if withdrawn:
+            self.claims.withdrawn(client, claimant, hlc)
+            return self._settle(client, now_ms)
+        granted, beaten = self.claims.answer(client, claimant, hlc, lasts_ms, now_ms)
+        self.counters["claims_granted" if granted else "claims_refused"] += 1
+        out: list[Action] = []
+        if beaten is not None:  # this node's later claim gives way
+            self.counters["claims_lost"] += 1
+            others = tuple(sorted(beaten.asked - {claimant}))
+            if others:
+                out.append(Claim(client, beaten.hlc, others, withdrawn=True))
+        return out + self._settle(client, now_ms) + [Claimed(client, claimant, hlc, granted)]
+
+    def on_claimed(self, client: str, peer: str, hlc: int, granted: bool,
+                   now_ms: int) -> list[Action]:
+        """`peer`'s answer to this node's claim of `client`."""
+        mine = self.claims.own.get(client)
+        result = self.claims.answered(client, peer, hlc, granted)
+        if result == "granted":
+            self.counters["claims_won"] += 1
+            return self._settle(client, now_ms)
+        if result == "refused" and mine is not None:
+            self.counters["claims_lost"] += 1
+            others = tuple(sorted(mine.asked - {peer}))
+            return [Claim(client, hlc, others, withdrawn=True)] if others else []
+        return []
 
     def _arrive_at_replica(self, client: str, record: SessionRecord,
                            now_ms: int) -> list[Action]:
@@ -321,22 +420,31 @@ class SessionRegistry:
         self.holding.add(client)
         return [Hold(client, True), Discard(client, urgent=True)]
 
-    def on_peers(self, up: set[str], now_ms: int,
-                 ordered: set[str] | None = None) -> list[Action]:
+    def on_peers(self, up: set[str], now_ms: int, ordered: set[str] | None = None,
+                 claimers: set[str] | None = None) -> list[Action]:
         """The peers whose streams are up now, and (when given) those of them that mark the
-        last frame of a hand-over (`session-order`): replicas follow (O(records) per change)."""
+        last frame of a hand-over (`session-order`) and that take claims (`session-claims`):
+        replicas follow (O(records) per change)."""
         if ordered is not None:
             self.ordered = set(ordered) - {self.node_id}
+        if claimers is not None:
+            self.claimers = set(claimers) - {self.node_id}
         up = set(up) - {self.node_id}
         if up == self.up:
             return []
+        out: list[Action] = []
+        for client in self.claims.passed_over(up):  # a peer gone down answers no claim
+            self.counters["claims_won"] += 1
+            out += self._settle(client, now_ms)
+        for client in self.claims.drop_from(up):  # nor keeps a client out
+            out += self._settle(client, now_ms)
         for peer in self.up - up:
             self.down_since[peer] = now_ms
         for peer in up:
             self.down_since.pop(peer, None)
         self.up = up
         self.dead = self._dead_now(now_ms)
-        return self._settle_all(now_ms)
+        return out + self._settle_all(now_ms)
 
     def on_local_snapshot(self, online: dict[str, tuple[str | None, str, bool, int | None]],
                           sessions: set[str], now_ms: int) -> list[Action]:
@@ -417,6 +525,8 @@ class SessionRegistry:
             mine = self.records.get(record.client)
             if not newer(record, mine):
                 continue
+            # its claimant's record of a connect after the claim: the claim did its work
+            self.claims.withdrawn(record.client, record.owner, record.connect_hlc)
             local = self.presence.get(record.client)
             if local == "online" and record.owner != self.node_id:
                 # as one broker: the will goes out unless the session moves on with the client
@@ -456,6 +566,14 @@ class SessionRegistry:
             if until <= now_ms:  # no end of the old queue in time: order may break, not loss
                 self.counters["order_timeouts"] += 1
                 out += self._old_queue_settled(client, now_ms)
+        lapsed, freed = self.claims.lapse(now_ms)
+        for client, claim in lapsed:  # its client did not come (or not every answer)
+            self.counters["claims_lapsed"] += 1
+            if claim.asked:
+                out.append(Claim(client, claim.hlc, tuple(sorted(claim.asked)), withdrawn=True))
+            out += self._settle(client, now_ms)
+        for client in freed:
+            out += self._settle(client, now_ms)
         for client, until in list(self.settle_waits.items()):
             if until <= now_ms:  # its owner's move did not settle in time: admitted anyway
                 del self.settle_waits[client]
@@ -872,8 +990,13 @@ class SessionRegistry:
                     and self._move_settling(client, record, now_ms))
         if not settling:
             self.settle_waits.pop(client, None)
+        # a copy here of a session owned elsewhere admits its client only under this node's
+        # claim; any copy, the owner's too, keeps it out under another node's (claims.py)
+        unclaimed = (local == "session" and record is not None and record.owner != self.node_id
+                     and not self.claims.admits(client, now_ms))
         want_deny = (record is not None and self._resumable(record, now_ms)
                      and (local is None or copy or client in self.unshared or settling
+                          or unclaimed or self.claims.keeps_out(client, now_ms)
                           or self.busy.get(client) in ("replicate", "drain", "discard")))
         if want_deny and client not in self.denied:
             self.denied.add(client)

@@ -30,15 +30,18 @@ from sidecar.local.events import (
     deliver_item,
 )
 from sidecar.local.protocol import DEFAULT_SIDECAR_ID
-from sidecar.peering.handshake import SESSION_CUTS, SESSION_ORDER
+from sidecar.peering.handshake import SESSION_CLAIMS, SESSION_CUTS, SESSION_ORDER
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.injection import origin_of
 from sidecar.sessions import wire
+from sidecar.sessions.claims import CLAIM_MS
 from sidecar.sessions.cuts import MoveCuts, OldCopyCuts
 from sidecar.sessions.record import SessionRecord, replica_subscriptions
 from sidecar.sessions.registry import (
     Admit,
+    Claim,
+    Claimed,
     Deny,
     Discard,
     Drain,
@@ -260,8 +263,11 @@ class SessionService:
         for data in wire.records_frames(self.registry.snapshot(), snapshot=True):
             self._send(peer, data)
         self._up.add(peer)
-        ordered = {p for p in self._up if SESSION_ORDER in (self.transport.capabilities(p) or ())}
-        self._run(self.registry.on_peers(self._up, _wall_ms(), ordered))
+        self._run(self.registry.on_peers(self._up, _wall_ms(), self._up_with(SESSION_ORDER),
+                                         self._up_with(SESSION_CLAIMS)))
+
+    def _up_with(self, capability: str) -> set[str]:
+        return {p for p in self._up if capability in (self.transport.capabilities(p) or ())}
 
     def on_peer_down(self, peer: str) -> None:
         """`peer`'s stream went down (or it left): replicas of its sessions may take over."""
@@ -298,6 +304,14 @@ class SessionService:
             fut = self._syncs.pop((peer, msg.exchange), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg.ok)
+        elif kind == "session_claim":
+            msg = frame.session_claim
+            self._run(self.registry.on_claim(msg.client, peer, msg.hlc, msg.lasts_ms,
+                                             msg.withdrawn, _wall_ms(), msg.renews))
+        elif kind == "session_claimed":
+            msg = frame.session_claimed
+            self._run(self.registry.on_claimed(msg.client, peer, msg.hlc, msg.granted,
+                                               _wall_ms()))
         elif kind == "session_backlog_ack":
             msg = frame.session_backlog_ack
             fut = self._backlog_acks.pop((msg.client, msg.exchange), None)
@@ -319,6 +333,7 @@ class SessionService:
     # ---- actions -------------------------------------------------------------------------
     def _run(self, actions: list) -> None:
         publish = []
+        answers: list[Claimed] = []  # sent after every record (below)
         denies: list[str] = []  # nothing pending for them: one command for all, at the end
         batched: set[str] = set()
         for action in actions:
@@ -365,11 +380,26 @@ class SessionService:
                 self._chain(action.client, self._discard(action))
             elif isinstance(action, Forget):
                 self.store.forget(action.clients)
+            elif isinstance(action, Claim):
+                data = wire.claim_frame(action.client, action.hlc, CLAIM_MS, action.withdrawn,
+                                        action.renews)
+                for peer in action.peers:
+                    self._send(peer, data)
+            elif isinstance(action, Claimed):
+                answers.append(action)
             else:  # pragma: no cover - a new action type must be wired here
                 raise TypeError(f"unhandled action {action!r}")
         for record in publish:
             self._publish_soon(record)
         self._deny_all(denies)
+        for answer in answers:
+            # on the stream the records go on, after this node's record of the client: the
+            # claimant knows every connect before it admits (claims.py)
+            if answer.client in self._unpublished:
+                self._publish(answer.client)
+            data = wire.claimed_frame(answer.client, answer.hlc, answer.granted)
+            if not self._send(answer.peer, data):  # (only its stream to us is up)
+                self._send(answer.peer, data, reply=True)
 
     def _deny_all(self, clients: list[str]) -> None:
         if len(clients) == 1:

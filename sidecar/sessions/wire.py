@@ -146,3 +146,15 @@ def sync_frame(client: str, exchange: int) -> bytes:
 def synced_frame(client: str, exchange: int, ok: bool) -> bytes:
     return peer_pb2.Frame(session_synced=peer_pb2.SessionSynced(
         client=client, exchange=exchange, ok=ok)).SerializeToString()
+
+
+def claim_frame(client: str, hlc: int, lasts_ms: int, withdrawn: bool,
+                renews: str = "") -> bytes:
+    return peer_pb2.Frame(session_claim=peer_pb2.SessionClaim(
+        client=client, hlc=hlc, lasts_ms=lasts_ms, withdrawn=withdrawn,
+        renews=renews)).SerializeToString()
+
+
+def claimed_frame(client: str, hlc: int, granted: bool) -> bytes:
+    return peer_pb2.Frame(session_claimed=peer_pb2.SessionClaimed(
+        client=client, hlc=hlc, granted=granted)).SerializeToString()

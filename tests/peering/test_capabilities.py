@@ -13,6 +13,7 @@ from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
     RETAINED,
+    SESSION_CLAIMS,
     SESSION_CUTS,
     SESSION_CUTS_ANYWHERE,
     SESSION_ORDER,
@@ -40,7 +41,9 @@ def test_every_frame_body_of_a_feature_names_its_capability():
     prefixes = {"retained_": RETAINED, "session_": SESSIONS, "will_": WILLS}
     for number, name in bodies.items():
         wanted = next((cap for p, cap in prefixes.items() if name.startswith(p)), None)
-        wanted = {"interest_applied": INTEREST_CHUNKS, "node_state": DRAIN}.get(name, wanted)
+        wanted = {"interest_applied": INTEREST_CHUNKS, "node_state": DRAIN,
+                  "session_claim": SESSION_CLAIMS,
+                  "session_claimed": SESSION_CLAIMS}.get(name, wanted)
         assert FRAME_FIELDS.get(number) == wanted, name
     # session-replicas, session-order, session-cuts(-anywhere) and catch-up have no frame of
     # their own (catch-up is a field of interest entries, session-order one of session
@@ -76,9 +79,10 @@ def test_a_1_1_peer_gets_retained_and_session_frames_but_no_wills():
     assert old.capabilities == {INTEREST_CHUNKS, RETAINED, SESSIONS}
     assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN, CATCH_UP,
                                                      SESSION_ORDER, SESSION_CUTS,
-                                                     SESSION_CUTS_ANYWHERE})
+                                                     SESSION_CUTS_ANYWHERE, SESSION_CLAIMS})
     assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == \
-        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS, SESSION_CUTS_ANYWHERE}
+        CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS, SESSION_CUTS_ANYWHERE,
+                        SESSION_CLAIMS}
     assert accept(0, frozenset()).capabilities == frozenset()
 
 
