@@ -115,6 +115,20 @@ class NodeCollector(Collector):
                          - st.get("settle_waits_expired", 0))
         waits.add_metric(["expired"], st.get("settle_waits_expired", 0))
         yield waits
+        claims = _counter("session_claims", "Claims of a client whose session another node "
+                          "owns, made here before admitting it (outcome: every peer granted "
+                          "it; a peer refused it or an earlier claim won; it lapsed, granted "
+                          "or not, before the client came).", ["outcome"])
+        claims.add_metric(["won"], st.get("claims_won", 0))
+        claims.add_metric(["lost"], st.get("claims_lost", 0))
+        claims.add_metric(["lapsed"], st.get("claims_lapsed", 0))
+        yield claims
+        granted = _counter("session_claims_answered", "Other nodes' claims answered here "
+                           "(granted: the client is kept out here while it is in force).",
+                           ["answer"])
+        granted.add_metric(["granted"], st.get("claims_granted", 0))
+        granted.add_metric(["refused"], st.get("claims_refused", 0))
+        yield granted
         yield CounterMetricFamily("mqfed_session_takeovers", "Local connections closed because "
                                   "their client id connected on another node.",
                                   value=st["takeovers"])

@@ -447,6 +447,8 @@ def test_back_to_back_moves_through_the_front_are_exactly_once_and_in_order(shar
     # cut comes (it waited 5 s for none before, holding the client's messages meanwhile)
     assert grew["own_cut_timeouts"] == 0, grew
     assert grew["claims_won"] >= 9, grew  # every move here was claimed
+    assert sum(cluster.metrics(n).get(("mqfed_session_claims_total", (("outcome", "won"),)), 0)
+               for n in ("n1", "n2", "n3")) >= 9
     outran = grew["order_timeouts"] + grew["order_moved_on"] + grew["order_chained"]
     assert not dups or outran, (dups, grew)
     assert not breaks or outran, (breaks, grew)
