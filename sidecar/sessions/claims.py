@@ -14,10 +14,12 @@ has before its answer.
 
 Claims order by (HLC, node); a node observes the HLC of every claim it sees, so a claim made
 after granting another orders after it. A client that tries a node its claim keeps it out of
-(or the claimant, before it may admit) *renews* the claim on every node: a client retrying
-through a round-robin front comes back to the claimant however long its cycle of retries,
-as long as each retry comes within `CLAIM_MS` of the one before. A lapsed claim frees the
-client again: the next node it tries admits it (its owner) or claims it anew.
+(or the claimant, before it may admit), other than its owner, *renews* the claim on every
+node: a client retrying through a round-robin front comes back to the claimant however long
+its cycle of retries, as long as each retry elsewhere comes within `CLAIM_MS` of the one
+before. A lapsed claim frees the client again: the next node it tries admits it (its owner)
+or claims it anew; a client that tries only its owner (a direct connection) gets in there
+once the claim lapsed.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-CLAIM_MS = 3_000
+CLAIM_MS = 10_000
 """A claimant admits its client this long after the client last tried a node the claim kept
 it out of, at most, and gives a claim up when not every answer came this long after it
-claimed."""
-CLAIM_MAX_MS = 10_000
+claimed. Long enough for paho's default back-off (1, 2, 4 s) through a round-robin front over
+3 nodes: its 4th attempt, 7 s after the first, is the one that comes back to the claimant."""
+CLAIM_MAX_MS = 30_000
 """However often it is renewed, a claim lapses this long after it was made (a client that
 keeps trying only nodes it keeps the client out of, e.g. its owner, is admitted then)."""
 CLAIM_MARGIN_MS = 500

@@ -323,10 +323,10 @@ class SessionRegistry:
         if client is None or reason != "denied":
             return []
         record = self.records.get(client)
-        renewed = self._renew(client, now_ms)
         if record is None or not self._resumable(record, now_ms) or record.owner == self.node_id:
-            return renewed
-        out = renewed + self._claim(client, now_ms)
+            return []  # (its owner renews no claim: a client trying only there gets in once
+            # the claim lapsed)
+        out = self._renew(client, now_ms) + self._claim(client, now_ms)
         if client in self.busy:
             return out
         if client in self.replica and self.presence.get(client) == "session":
@@ -342,6 +342,8 @@ class SessionRegistry:
     def _claim(self, client: str, now_ms: int) -> list[Action]:
         """Claim `client` from the peers up that take claims, unless a claim of it is in
         force here already (then the client retries)."""
+        if self.node_id in self.unavailable:
+            return []  # draining: it takes no session
         peers = tuple(sorted(self.claimers & self.up))
         claim = self.claims.start(client, self.clock.now(now_ms).pack(), peers, now_ms)
         if claim is None:
