@@ -114,19 +114,27 @@ class Claiming(Cluster):
                     answer.client, node_, answer.hlc, answer.granted, self.now))
 
 
+def _tried_n2() -> Claiming:
+    """`dev`'s session made on n1, offline; its client tried n2, which made a copy (and
+    claimed the client: its claim not yet delivered)."""
+    c = Claiming()
+    c.connect("n1", "dev")
+    c.disconnect("n1", "dev")
+    n2 = c.nodes["n2"]
+    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
+    assert c.take("n2", Materialize)
+    c.run("n2", n2.on_materialized("dev", True, c.now))
+    return c
+
+
 def test_the_owner_keeps_its_own_client_out_while_another_nodes_claim_is_in_force():
     """The traced case (session 19): the client, through a round-robin front, connected to
     n2 and then n1 again within milliseconds; n1, which had not yet got n2's record, took it
     for a resume of its own session, while n2's copy kept messages too: duplicates. Now n2
     admits only under its claim, and n1, which granted it, keeps its client out meanwhile."""
 
-    c = Claiming()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
+    c = _tried_n2()
     n1, n2 = c.nodes["n1"], c.nodes["n2"]
-    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
-    assert c.take("n2", Materialize)
-    c.run("n2", n2.on_materialized("dev", True, c.now))
     assert not c.take("n2", Admit), "not before its claim is granted"
     c.deliver("n2")
     assert c.take("n2", Admit) == [Admit("dev")]
@@ -144,12 +152,8 @@ def test_the_owner_keeps_its_own_client_out_while_another_nodes_claim_is_in_forc
 
 
 def test_a_claim_that_lapses_lets_the_owner_admit_its_client_again():
-    c = Claiming()
-    c.connect("n1", "dev")
-    c.disconnect("n1", "dev")
+    c = _tried_n2()
     n2 = c.nodes["n2"]
-    c.run("n2", n2.on_connect_rejected("dev", "denied", c.now))
-    c.run("n2", n2.on_materialized("dev", True, c.now))
     c.deliver("n2")
     c.take("n1", Deny)
     c.take("n2", Deny)
