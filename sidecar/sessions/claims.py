@@ -61,16 +61,15 @@ class Claims:
 
     node_id: str
     own: dict[str, OwnClaim] = field(default_factory=dict)
-    # client -> claimant -> (claim HLC, until when the client is kept out here, ms)
-    others: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
-    # client -> claimant -> when its claim came (a renewal keeps it out until CLAIM_MAX_MS)
-    came: dict[str, dict[str, int]] = field(default_factory=dict)
+    # client -> claimant -> (claim HLC, until when the client is kept out here, when the
+    # claim came: renewals keep it out until CLAIM_MAX_MS after that; ms)
+    others: dict[str, dict[str, tuple[int, int, int]]] = field(default_factory=dict)
 
     def start(self, client: str, hlc: int, peers: Iterable[str], now_ms: int
               ) -> OwnClaim | None:
         """Claim `client` from `peers` (granted at once when there are none); None when a
         claim of it is in force here already (this node's, or another's it granted)."""
-        if client in self.own or self._kept_out(client, now_ms):
+        if client in self.own or self.keeps_out(client, now_ms):
             return None
         asked = frozenset(peers)
         claim = OwnClaim(hlc, now_ms, asked, set(asked), now_ms)
@@ -85,12 +84,11 @@ class Claims:
         mine = self.own.get(client)
         if mine is not None and (mine.granted or (mine.hlc, self.node_id) < key):
             return False, None
-        if any((h, c) < key for c, (h, until) in self.others.get(client, {}).items()
+        if any((h, c) < key for c, (h, until, _) in self.others.get(client, {}).items()
                if c != claimant and until >= now_ms):
             return False, None
         self.others.setdefault(client, {})[claimant] = (
-            hlc, now_ms + min(lasts_ms, CLAIM_MS) + CLAIM_MARGIN_MS)
-        self.came.setdefault(client, {})[claimant] = now_ms
+            hlc, now_ms + min(lasts_ms, CLAIM_MS) + CLAIM_MARGIN_MS, now_ms)
         return True, self.own.pop(client, None)
 
     def answered(self, client: str, peer: str, hlc: int, granted: bool) -> str:
@@ -114,7 +112,7 @@ class Claims:
     def in_force(self, client: str, now_ms: int) -> list[tuple[str, int]]:
         """The claims of `client` that keep it out here: (claimant, HLC); this node's own
         among them while it may not admit yet."""
-        out = [(c, h) for c, (h, until) in self.others.get(client, {}).items()
+        out = [(c, h) for c, (h, until, _) in self.others.get(client, {}).items()
                if until >= now_ms]
         mine = self.own.get(client)
         if mine is not None:
@@ -131,9 +129,9 @@ class Claims:
             return
         held = self.others.get(client, {})
         if claimant in held and held[claimant][0] == hlc:
-            last = self.came.get(client, {}).get(claimant, now_ms) + CLAIM_MAX_MS
-            held[claimant] = (hlc, max(held[claimant][1],
-                                       min(now_ms + CLAIM_MS, last) + CLAIM_MARGIN_MS))
+            _, until, came = held[claimant]
+            held[claimant] = (hlc, max(until, min(now_ms + CLAIM_MS, came + CLAIM_MAX_MS)
+                                       + CLAIM_MARGIN_MS), came)
 
     def drop_from(self, up: set[str]) -> list[str]:
         """Peers not in `up` (their streams went down) hold no claim here any more: the
@@ -163,20 +161,18 @@ class Claims:
         for client, _ in mine:
             del self.own[client]
         theirs = [client for client, held in list(self.others.items())
-                  if any(until < now_ms for _, until in held.values())
-                  and self._end(client, [c for c, (_, u) in held.items() if u < now_ms])]
+                  if any(until < now_ms for _, until, _ in held.values())
+                  and self._end(client, [c for c, (_, u, _) in held.items() if u < now_ms])]
         return mine, theirs
 
     def _end(self, client: str, claimants: list[str]) -> bool:
         """Forget these claimants' claims of `client`; whether none is left."""
-        held, came = self.others.get(client, {}), self.came.get(client, {})
+        held = self.others.get(client, {})
         for claimant in claimants:
             held.pop(claimant, None)
-            came.pop(claimant, None)
         if held:
             return False
         self.others.pop(client, None)
-        self.came.pop(client, None)
         return True
 
     def admits(self, client: str, now_ms: int) -> bool:
@@ -192,7 +188,4 @@ class Claims:
 
     def keeps_out(self, client: str, now_ms: int) -> bool:
         """Whether another node's claim of `client` granted here is in force."""
-        return self._kept_out(client, now_ms)
-
-    def _kept_out(self, client: str, now_ms: int) -> bool:
-        return any(until >= now_ms for _, until in self.others.get(client, {}).values())
+        return any(until >= now_ms for _, until, _ in self.others.get(client, {}).values())

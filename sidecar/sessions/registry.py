@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from sidecar.hlc import HybridClock
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
 from sidecar.rendezvous import ranked
-from sidecar.sessions.claims import Claims
+from sidecar.sessions.claims import Claims, OwnClaim
 from sidecar.sessions.record import (
     NO_LOCAL,
     RETAIN_AS_PUBLISHED,
@@ -382,9 +382,7 @@ class SessionRegistry:
         out: list[Action] = []
         if beaten is not None:  # this node's later claim gives way
             self.counters["claims_lost"] += 1
-            others = tuple(sorted(beaten.asked - {claimant}))
-            if others:
-                out.append(Claim(client, beaten.hlc, others, withdrawn=True))
+            out = self._withdraw(client, beaten, claimant)
         return out + self._settle(client, now_ms) + [Claimed(client, claimant, hlc, granted)]
 
     def on_claimed(self, client: str, peer: str, hlc: int, granted: bool,
@@ -397,9 +395,14 @@ class SessionRegistry:
             return self._settle(client, now_ms)
         if result == "refused" and mine is not None:
             self.counters["claims_lost"] += 1
-            others = tuple(sorted(mine.asked - {peer}))
-            return [Claim(client, hlc, others, withdrawn=True)] if others else []
+            return self._withdraw(client, mine, peer)
         return []
+
+    @staticmethod
+    def _withdraw(client: str, claim: OwnClaim, told: str = "") -> list[Action]:
+        """Tell the peers `claim` asked (but `told`, which knows) that it is given up."""
+        peers = tuple(sorted(claim.asked - {told}))
+        return [Claim(client, claim.hlc, peers, withdrawn=True)] if peers else []
 
     def _arrive_at_replica(self, client: str, record: SessionRecord,
                            now_ms: int) -> list[Action]:
@@ -571,9 +574,7 @@ class SessionRegistry:
         lapsed, freed = self.claims.lapse(now_ms)
         for client, claim in lapsed:  # its client did not come (or not every answer)
             self.counters["claims_lapsed"] += 1
-            if claim.asked:
-                out.append(Claim(client, claim.hlc, tuple(sorted(claim.asked)), withdrawn=True))
-            out += self._settle(client, now_ms)
+            out += self._withdraw(client, claim) + self._settle(client, now_ms)
         for client in freed:
             out += self._settle(client, now_ms)
         for client, until in list(self.settle_waits.items()):
