@@ -144,6 +144,8 @@ static struct settling *settling;
 static size_t total_bytes;
 static bool targeted;                /* a targeted QoS > 0 delivery queued this iteration */
 static uint64_t n_captured, n_same_id, n_new_id, n_dropped, n_pubrel, n_clamped;
+static uint64_t n_offline_full;
+static long max_queued_messages;     /* Mosquitto's (0: unknown or unlimited) */
 typedef int (*send_pubrel_fn)(struct mosquitto *, uint16_t, const mosquitto_property *);
 static send_pubrel_fn send_pubrel;   /* Mosquitto's send__pubrel, or NULL */
 static bool send_pubrel_looked;
@@ -211,6 +213,22 @@ bool inflight_out_queued(struct mosquitto *conn, int *queued)
 	*queued = m.msg_count12 - (m.inflight_maximum ? (int)m.inflight_maximum : 0);
 	if(*queued < 0) *queued = 0;
 	return true;
+}
+
+void inflight_set_max_queued(long max_queued)
+{
+	max_queued_messages = max_queued > 0 ? max_queued : 0;
+}
+
+bool inflight_offline_takes(struct mosquitto *conn)
+{
+	struct msgs_mirror m;
+
+	if(state != ST_OK || conn == NULL || max_queued_messages == 0) return true;
+	memcpy(&m, (const unsigned char *)conn + msgs_out_off, sizeof(m));
+	if(m.msg_count12 < max_queued_messages) return true;
+	n_offline_full++;
+	return false;
 }
 
 void inflight_on_shadow_auth(struct mosquitto *client)
@@ -786,6 +804,7 @@ void inflight_stats(cJSON *o)
 	cJSON_AddNumberToObject(o, "unreleased_dropped", (double)n_dropped);
 	cJSON_AddNumberToObject(o, "unreleased_pubrel", (double)n_pubrel);
 	cJSON_AddNumberToObject(o, "unreleased_quota_clamped", (double)n_clamped);
+	cJSON_AddNumberToObject(o, "offline_queue_full", (double)n_offline_full);
 }
 
 void inflight_cleanup(void)
@@ -800,5 +819,5 @@ void inflight_cleanup(void)
 	total_bytes = 0;
 	targeted = false;
 	HASH_ITER(hh, settling, st, st_tmp) settled(st);
-	n_captured = n_same_id = n_new_id = n_dropped = n_pubrel = n_clamped = 0;
+	n_captured = n_same_id = n_new_id = n_dropped = n_pubrel = n_clamped = n_offline_full = 0;
 }

@@ -11,6 +11,12 @@ void inflight_on_sidecar_auth(struct mosquitto *client);
 /* A shadow connects: a session it makes here numbers its messages from a random packet id,
  * so that the ids of another node's copy, released here later, are unlikely to be in use. */
 void inflight_on_shadow_auth(struct mosquitto *client);
+/* Mosquitto's max_queued_messages (plugin_opt_max_queued_messages; 0: unknown). */
+void inflight_set_max_queued(long max_queued);
+/* Whether Mosquitto queues one more QoS 1/2 message for this offline session: it holds fewer
+ * than max_queued_messages (db__ready_for_queue; nothing is in flight offline), or that is not
+ * known. Counts the ones it drops (stats `offline_queue_full`). */
+bool inflight_offline_takes(struct mosquitto *conn);
 /* Messages queued for a live client beyond its in-flight window (false: not readable). */
 bool inflight_out_queued(struct mosquitto *conn, int *queued);
 /* A client (not a shadow) disconnects: keeps a copy of its QoS 2 messages awaiting PUBCOMP. */

@@ -552,7 +552,9 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	if(ed->access == MOSQ_ACL_READ && ed->qos > 0 && mosquitto__get_state
 			&& mosquitto__get_state(ed->client) == MOSQ_CS_DISCONNECTED
 			&& later_verdict(ed->client, ed->topic, ed->qos, MOSQ_ACL_READ)
-				== MOSQ_ERR_SUCCESS){
+				== MOSQ_ERR_SUCCESS && inflight_offline_takes(ed->client)){
+		/* (a full queue drops it: neither counted nor granted to a move, whose new copy
+		 * keeps it instead) */
 		model_note_queued(mosquitto_client_id(ed->client)); /* `ctl sessions` */
 		if(origin_read_identity(&origin, &seq)){ /* for a move (cut.c) */
 			cut_note_granted(mosquitto_client_id(ed->client), origin, seq);
@@ -967,6 +969,7 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	}
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 	inject_set_max_queued((long)mo.max_queued);
+	inflight_set_max_queued((long)mo.max_queued);
 
 	rc = mosquitto_callback_register(pid, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL);
 	if(!rc) rc = mosquitto_callback_register(pid, MOSQ_EVT_EXT_AUTH_START, on_ext_auth_start,

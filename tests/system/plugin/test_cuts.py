@@ -8,7 +8,15 @@ from __future__ import annotations
 import time
 
 from sidecar.local.batch import Record, cut_record, encode_batch
-from tests.system.plugin.helpers import SECRET, SIDECAR_ID, SIDECAR_USER, RawClient, inject
+from tests.system.plugin.helpers import (
+    SECRET,
+    SIDECAR_ID,
+    SIDECAR_USER,
+    Client,
+    FakeSidecar,
+    RawClient,
+    inject,
+)
 
 PROBE = "$SYS/broker/mqfed/fwd-probe"
 
@@ -146,3 +154,24 @@ def test_a_malformed_cut_refuses_its_batch(broker, sidecar):
                 Record("", b"", 0, client="c", kind=2)):                 # no origin
         reply = inject(sidecar, 1, encode_batch(1, [bad]))
         assert reply["ok"] is False, reply
+
+
+def test_what_a_full_offline_queue_drops_is_not_granted_so_the_new_copy_keeps_it(
+        make_broker, clients):
+    """Mosquitto drops a message for an offline session that holds max_queued_messages: the
+    old copy does not list it as its own, so the new copy, released, delivers it (before, it
+    left it out as the old copy's: lost)."""
+    b = make_broker(extra="max_queued_messages 3", opts={"max_queued_messages": 3})
+    sidecar = clients(FakeSidecar(b.sock)).start()
+
+    def client_factory(cid: str, **kw) -> Client:
+        return clients(Client(cid, port=b.port, **kw))
+
+    forwarding(clients, b)
+    inject_ = Injector(sidecar)
+    offline(client_factory, sidecar, "full", "f/#")
+    inject_(*msgs("n2", "f/a", range(1, 6)))           # 3 queued, 2 dropped
+    time.sleep(0.2)
+    granted = sidecar.call("granted", client="full")["granted"]
+    assert [seq for _, seq in granted] == [1, 2, 3]
+    assert sidecar.call("stats")["offline_queue_full"] == 2
