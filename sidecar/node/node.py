@@ -327,7 +327,8 @@ class Node:
         return WillService(
             self.config.node_id, self.layout.run_dir, self.config["wills"]["grace"], self.link,
             routing.transport, lambda: routing.peers_with(WILLS), self.sessions.registry,
-            lambda: self._membership_view(incarnation), routing.on_retained_seen)
+            lambda: self._membership_view(incarnation), routing.on_retained_seen,
+            self.sessions.shadows.discard)
 
     def _membership_view(self, incarnation: int) -> dict[str, int]:
         """Node id -> incarnation of every member, this node included (the last view known

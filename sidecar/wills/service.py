@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,16 @@ from sidecar.wills import wire
 from sidecar.wills.liveness import Confirmed, Liveness, Returned
 from sidecar.wills.record import ARMED, WillMessage, WillRecord
 from sidecar.wills.sqlite import SqliteWillStore
-from sidecar.wills.table import Connections, Fire, Forget, Notice, Persist, Store, WillTable
+from sidecar.wills.table import (
+    Cancel,
+    Connections,
+    Fire,
+    Forget,
+    Notice,
+    Persist,
+    Store,
+    WillTable,
+)
 
 log = logging.getLogger("mqfed.wills")
 
@@ -58,7 +67,10 @@ class WillService:
     def __init__(self, node_id: str, run_dir: Path, grace: float, link: Any, transport: Any,
                  peers: Callable[[], Iterable[str]], connections: Connections,
                  members: Callable[[], Mapping[str, int]],
-                 on_retained: Callable[[RetainedSeen], None]) -> None:
+                 on_retained: Callable[[RetainedSeen], None],
+                 cancel: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """`cancel(client)`: end the client's state in the local Mosquitto without its
+        pending will (a shadow's clean start; `Cancel`)."""
         self.node_id = node_id
         self.grace = grace
         self.link = link  # LocalLink: publish, connected
@@ -66,6 +78,7 @@ class WillService:
         self.peers = peers
         self.members = members
         self.on_retained = on_retained
+        self.cancel = cancel
         self.store = SqliteWillStore(run_dir / "wills.sqlite")
         self.liveness = Liveness(node_id, int(grace * 1000))
         self.table = WillTable(node_id, self.liveness, connections, HybridClock(),
@@ -234,6 +247,9 @@ class WillService:
                 self.store.save(action.records)
             elif isinstance(action, Fire):
                 self._spawn(self._fire(action.record))
+            elif isinstance(action, Cancel):
+                if self.cancel is not None:
+                    self._spawn(self._cancel(action.client))
             elif isinstance(action, Forget):
                 self.store.forget(action.clients)
             elif isinstance(action, Notice):
@@ -313,6 +329,18 @@ class WillService:
                 "client": record.client, "owner": record.owner, "topic": will.topic,
                 "reason": record.orphaned or "dead_node"})
         self._run(self.table.on_fired(record.client, record.connect_hlc, ok, _wall_ms()))
+
+    async def _cancel(self, client: str) -> None:
+        try:
+            assert self.cancel is not None
+            await self.cancel(client)
+        except Exception as exc:  # noqa: BLE001 - its Mosquitto then sends it (as before)
+            log.warning("cancelling the delayed will of a client that connected again "
+                        "elsewhere failed; this node's Mosquitto may still send it: %s", exc,
+                        extra={"client": client})
+            return
+        log.info("cancelled the delayed will of a client that connected again elsewhere",
+                 extra={"client": client})
 
     @staticmethod
     async def _published(info: Any) -> bool:

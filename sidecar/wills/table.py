@@ -84,6 +84,16 @@ class Fire:
 
 
 @dataclass(frozen=True, slots=True)
+class Cancel:
+    """The local Mosquitto still holds `client`'s delayed will, of a connection that ended with
+    a session expiry of 0, and the client connected again elsewhere: end that connection's
+    state here without the will, as one broker does when the client comes back within the
+    delay (a shadow connect with clean start: Mosquitto then drops the pending will)."""
+
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """These records are old enough to drop from the store."""
 
@@ -99,7 +109,7 @@ class Notice:
     detail: tuple[tuple[str, object], ...] = ()
 
 
-Action = Store | Persist | Fire | Forget | Notice
+Action = Store | Persist | Fire | Cancel | Forget | Notice
 
 
 def _mosquitto_due(record: WillRecord) -> int:
@@ -111,7 +121,7 @@ def _counters() -> dict[str, int]:
     return {"armed": 0, "unknown": 0, "cleared": 0, "sent_by_owner": 0, "delayed": 0,
             "published_dead_node": 0, "published_leaving": 0, "published_lost": 0,
             "skipped_reconnected": 0, "publish_failures": 0, "lost": 0, "handed_over": 0,
-            "published_while_online": 0, "clock_drift": 0}
+            "published_while_online": 0, "clock_drift": 0, "cancelled_reconnected": 0}
 
 
 @dataclass
@@ -274,6 +284,9 @@ class WillTable:
                 self.counters["published_while_online"] += 1
                 out.append(Notice("published_while_online", record.client,
                                   (("by", record.writer),)))
+            if self._held_here_without_session(mine) and record.connect_hlc > mine.connect_hlc:
+                self.counters["cancelled_reconnected"] += 1
+                out.append(Cancel(record.client))
             self._put(record)
             changed.append(record)
         if changed:
@@ -340,6 +353,13 @@ class WillTable:
             return self._done(record, now_ms, "skipped")
         self.firing.add(client)
         return [Fire(record)]
+
+    def _held_here_without_session(self, record: WillRecord | None) -> bool:
+        """A delayed will this node's Mosquitto holds for a connection whose session ended
+        with it (expiry 0: no session to move, whose resume would cancel it)."""
+        return record is not None and record.owner == self.node_id \
+            and record.state == DELAYED and not record.orphaned \
+            and record.epoch == self.epoch and record.expiry == 0
 
     @staticmethod
     def _reason(record: WillRecord) -> str:

@@ -15,6 +15,7 @@ from sidecar.wills.table import (
     OWNER_MARGIN_MS,
     PURGE_EVERY_MS,
     RETRY_MS,
+    Cancel,
     Fire,
     Forget,
     Notice,
@@ -102,6 +103,29 @@ def test_the_owner_counts_its_delayed_will_sent_once_mosquitto_is_due():
     assert stores(t.on_tick(due - 1)) == []
     [done] = stores(t.on_tick(due))
     assert (done.state, done.outcome) == (DONE, "sent_by_owner")
+
+
+def test_a_delayed_will_of_a_client_back_elsewhere_without_a_session_is_cancelled_here():
+    """One broker drops a pending delayed will when its client connects again within the
+    delay; with a session expiry of 0 no session moves (whose resume would cancel it), so the
+    owner cancels it in its Mosquitto once it learns of the newer connect."""
+    t = table("n1")
+    later = WillMessage("w", b"", 0, False, delay=10)
+    for client, expiry in (("gone", 0), ("kept", 60)):
+        t.on_connect(client, hlc(T0), later, True, expiry, "e1", T0)
+        t.on_disconnect(client, "delayed", expiry, T0 + 100)
+    elsewhere = [WillRecord(c, "n2", "e9", hlc(T0 + 500), hlc(T0 + 500), "n2", DONE,
+                            outcome="superseded") for c in ("gone", "kept")]
+    actions = t.on_remote(elsewhere, T0 + 600)
+    assert [a.client for a in actions if isinstance(a, Cancel)] == ["gone"]
+    assert t.counters["cancelled_reconnected"] == 1
+    # (a session with expiry: its drain resumes it there, which cancels it)
+    # an older connection's record cancels nothing
+    t.on_connect("old", hlc(T0 + 1000), later, True, 0, "e1", T0 + 1000)
+    t.on_disconnect("old", "delayed", 0, T0 + 1100)
+    stale = WillRecord("old", "n2", "e9", hlc(T0 + 10), hlc(T0 + 2000), "n2", DONE,
+                       outcome="superseded")
+    assert not [a for a in t.on_remote([stale], T0 + 2100) if isinstance(a, Cancel)]
 
 
 # ---- a dead owner ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -57,11 +58,12 @@ def test_a_session_resumes_on_another_node_with_what_it_missed(shared_cluster, v
 
 def _twenty_moves(cluster, dev: Device, topic: str, qos: int, front: bool = False,
                   publish_on: tuple[str, ...] = ("n2",), pause: float = 0.0,
-                  moves: int = 20, every: float = 0.3) -> list[int]:
+                  moves: int = 20, every: float = 0.3,
+                  after_connect: Callable[[], None] | None = None) -> list[int]:
     """The client reconnects 20 times, each time to the next node (or through the round-robin
     front), while a publisher on each of `publish_on` sends messages at `qos` (~350/s each,
     or 20 every `pause` s at most; numbered from 1,000,000 × its place); returns what was
-    sent."""
+    sent. `after_connect` runs after each of the client's connects."""
     dev.connect(cluster.ports["n1"])
     stop, sent = threading.Event(), []
 
@@ -83,6 +85,8 @@ def _twenty_moves(cluster, dev: Device, topic: str, qos: int, front: bool = Fals
             dev.leave()
             port = cluster.front if front else cluster.ports[node]
             assert dev.connect(port) is True, f"session present on {'the front' if front else node}"
+            if after_connect is not None:
+                after_connect()
     finally:
         stop.set()
         for publisher in publishers:
@@ -184,6 +188,41 @@ def test_a_client_moving_under_traffic_gets_every_message_in_publish_order(share
     # node's live hold both had reaches the client once (before: 20-60 twice per run)
     assert not twice or grew["order_timeouts"] + grew["order_moved_on"] \
         + grew["order_chained"] > 0, (twice[:10], grew)
+    dev.leave()
+
+
+def test_no_local_holds_for_a_client_publishing_while_it_moves(shared_cluster):
+    """A client with a No Local subscription publishes to its topic right after each of six
+    connects, while a publisher on n2 goes on: it never gets its own messages back, though its
+    old copy (offline until the old node holds it) is routed them from the new node (cut mode:
+    the old copy refuses the new node's messages from that node's cut, which comes before any
+    of them in that node's stream), and it gets every other message."""
+    cluster = shared_cluster
+    topic = f"moves/nolocal/{time.time_ns()}"
+    dev = Device(f"dev-{time.time_ns()}")
+    dev.connect(cluster.ports["n1"], clean=True)
+    dev.subscribe_v5(topic, SubscribeOptions(qos=1, noLocal=True), 7)
+    cluster.wait_interest("n1", topic)
+    dev.leave()
+    own: list[int] = []
+
+    def publish_own() -> None:
+        for _ in range(20):
+            n = 9_000_000 + len(own)
+            info = dev.client.publish(topic, str(n), qos=1)
+            info.wait_for_publish(5)
+            assert info.rc == mqtt.MQTT_ERR_SUCCESS
+            own.append(n)
+
+    sent = _twenty_moves(cluster, dev, topic, 1, moves=6, every=1.0, after_connect=publish_own)
+    got = dev.wait_count(len(set(sent)), timeout=30)
+    time.sleep(1.0)  # anything late
+    back = sorted(set(dev.payloads()) & set(own))
+    missing = sorted(set(sent) - set(got))
+    print(f"No Local over 6 moves: {len(own)} own messages, {len(back)} came back; "
+          f"{len(sent)} others, {len(missing)} missing")
+    assert len(own) == 120 and not back, back[:10]
+    assert not missing, missing[:10]
     dev.leave()
 
 
@@ -563,8 +602,10 @@ def test_qos2_is_exactly_once_across_moves_and_a_later_move_delivers_nothing_aga
 def test_a_delayed_will_is_not_sent_when_its_client_resumes_elsewhere_within_the_delay(
         shared_cluster):
     """As on one broker: a client that left with DISCONNECT 0x04 (its will, delayed 3 s) and
-    resumes its session on another node within the delay sends no will; one that does not
-    come back does."""
+    resumes its session on another node within the delay sends no will (the drain's resume
+    there cancels it); nor does one whose session expiry was 0 (no session moves: its old node
+    cancels the will once it learns of the newer connect); one that does not come back
+    does."""
     from paho.mqtt.reasoncodes import ReasonCode
 
     from tests.system.wills.clients import Subscriber, WillClient
@@ -577,18 +618,23 @@ def test_a_delayed_will_is_not_sent_when_its_client_resumes_elsewhere_within_the
                       delay=3, expiry=60)
     gone = WillClient(cluster.ports["n1"], f"gone-{time.time_ns()}", f"{base}/gone", b"yes",
                       delay=3, expiry=60)
+    bare = WillClient(cluster.ports["n1"], f"bare-{time.time_ns()}", f"{base}/bare", b"no",
+                      delay=3, expiry=0)
     try:
-        for c in (back, gone):
+        for c in (back, gone, bare):
             c.client.disconnect(reasoncode=ReasonCode(PacketTypes.DISCONNECT, identifier=4))
             assert c.down.wait(5)
             c.client.loop_stop()
         back.connect(cluster.ports["n2"], timeout=15)  # within the delay, on another node
+        bare.connect(cluster.ports["n2"], timeout=15)
         wait_for(lambda: sub.messages(f"{base}/gone"), 15, "the will of the client gone")
-        time.sleep(2.0)  # past the delay of the one that came back
+        time.sleep(2.0)  # past the delay of the ones that came back
         assert not sub.messages(f"{base}/back"), "resumed within the delay: no will"
+        assert not sub.messages(f"{base}/bare"), "back within the delay (expiry 0): no will"
         assert len(sub.messages(f"{base}/gone")) == 1
     finally:
         back.close()
+        bare.close()
         sub.close()
 
 
