@@ -34,6 +34,7 @@ class CaptureAcks:
         self._acked = 0              # every seq <= this is settled
         self._settled: set[int] = set()  # settled seqs above _acked
         self._received = 0           # the highest seq handed over in this epoch
+        self._last = 0               # the last seq this connection brought (or its resume)
         self._pending: dict[int, int] = {}  # mid -> seq, handed over and not settled
         self._pending_seqs: set[int] = set()
         self._next_mid = CAPTURE_MID_BASE
@@ -49,12 +50,12 @@ class CaptureAcks:
         pending: void now, None if none). A new epoch (Mosquitto restarted, or the first one
         this run sees) starts from nothing."""
         if epoch == self.epoch:
-            self._told = self._acked
+            self._told = self._last = self._acked
             self._unsent = []
             return self._acked, None
         forgotten = (range(CAPTURE_MID_BASE, self._next_mid) if self._pending else None)
         self.epoch = epoch
-        self._acked = self._received = self._told = 0
+        self._acked = self._received = self._told = self._last = 0
         self._settled.clear()
         self._pending.clear()
         self._pending_seqs.clear()
@@ -63,7 +64,12 @@ class CaptureAcks:
 
     def on_record(self, seq: int) -> int | None:
         """A record arrived: its local id to hand it over with, or None when it is here
-        already (a resend; if it was settled its ack is due again)."""
+        already (a resend; if it was settled its ack is due again). The plugin sends every
+        record it holds after the resume, in order: seqs it skipped were settled (acked by a
+        sidecar before this one)."""
+        if seq > self._last + 1:
+            self._skipped(self._last + 1, seq)
+        self._last = max(self._last, seq)
         if seq <= self._acked or seq in self._settled:
             self.duplicates += 1
             self._unsent.append(seq)
@@ -87,13 +93,26 @@ class CaptureAcks:
         self._settle(seq)
         return True
 
+    def _skipped(self, first: int, end: int) -> None:
+        """Seqs first .. end - 1 are settled in the plugin already (nothing to ack)."""
+        if first <= self._acked + 1:
+            self._acked = max(self._acked, end - 1)
+        else:
+            self._settled.update(s for s in range(first, end) if s not in self._pending_seqs)
+        self._compact()
+
+    def _compact(self) -> None:
+        settled = self._settled
+        while self._acked + 1 in settled:
+            self._acked += 1
+            settled.discard(self._acked)
+        if settled and min(settled) <= self._acked:
+            self._settled = {s for s in settled if s > self._acked}
+
     def _settle(self, seq: int) -> None:
         if seq == self._acked + 1:
             self._acked = seq
-            settled = self._settled
-            while self._acked + 1 in settled:
-                self._acked += 1
-                settled.discard(self._acked)
+            self._compact()
         elif seq > self._acked:
             self._settled.add(seq)
         self._unsent.append(seq)

@@ -70,3 +70,17 @@ def test_an_ack_lists_at_most_max_listed_seqs():
     assert first is not None and second is not None
     assert first[0] == 0 and len(first[1]) == MAX_LISTED and len(second[1]) == 10
     assert acks.take_ack() is None
+
+
+def test_records_a_sidecar_before_this_one_acknowledged_are_skipped_and_count_as_settled():
+    """A restarted sidecar resumes from 0; the plugin sends only what it still holds (from
+    425 on, 426-430 listed by the dead sidecar): the cumulative seq moves past the gaps."""
+    acks = CaptureAcks()
+    assert acks.on_hello(7) == (0, None)
+    m425 = acks.on_record(425)
+    m431 = acks.on_record(431)
+    acks.on_settled(m425)
+    assert acks.take_ack() == (430, [])
+    acks.on_settled(m431)
+    assert acks.take_ack() == (431, [])
+    assert acks.status()["settled_above"] == 0

@@ -17,6 +17,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import mqfed
 from tests.system.node.mqtt import Client
+from tests.system.routing.test_faults import origin_crash_while_the_receiver_is_frozen
 from tests.system.routing.traffic import check_sequence, wait_arrivals
 
 CAPTURE = {"MQFED_ROUTING_CAPTURE": os.environ.get("HA_CAPTURE", "true")}
@@ -129,7 +130,17 @@ def test_a_killed_origin_sidecar_loses_nothing(cluster_factory):
     capture = _capture(cluster, "n1")
     print(f"after the kill: {len(got) - len(set(got))} duplicates; n1 capture {capture}")
     assert capture.get("connected") and capture["pending"] == 0, capture
+    # what the dead sidecar had acknowledged is skipped: the cumulative ack moves past it
+    assert capture["settled_above"] == 0 and capture["acked"] == capture["received"], capture
     sub.close()
+
+
+def test_an_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged(
+        cluster_factory):
+    """n1's sidecar forwarded records to a frozen n2 that acked none, and is killed: the
+    records it held only in memory were not acknowledged to the plugin, which sends them
+    again to its successor (test_faults' test, with capture on)."""
+    origin_crash_while_the_receiver_is_frozen(cluster_factory, env=CAPTURE)
 
 
 def test_a_clients_own_message_skips_its_no_local_subscription_on_another_node(
