@@ -6,6 +6,7 @@ every target peer has it (or spilled it). Real 3-node clusters."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -141,6 +142,37 @@ def test_an_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged
     records it held only in memory were not acknowledged to the plugin, which sends them
     again to its successor (test_faults' test, with capture on)."""
     origin_crash_while_the_receiver_is_frozen(cluster_factory, env=CAPTURE)
+
+
+def test_a_burst_while_the_origin_sidecar_is_frozen_waits_in_the_plugin(cluster_factory):
+    """15,000 QoS 1 messages published while n1's sidecar is frozen (SIGSTOP): Mosquitto
+    would drop `.fwd`'s packets past max_queued_messages (test_faults' burst test, the MQTT
+    path's recovery); with capture the plugin holds them as records and sends them once the
+    sidecar reads again: every one arrives, in order, none by the MQTT path."""
+    cluster = cluster_factory(2, env={**CAPTURE, "MQFED_OVERLOAD_BACKLOG_MAX": "1000000"})
+    count = 15_000
+    sub = Client(cluster.ports["n2"], "capburst-sub")
+    assert sub.wait_connected()
+    sub.subscribe("capburst/#", qos=1)
+    cluster.wait_interest("n2", "capburst/#")
+    sidecar = cluster.state("n1")["pid"]
+    pub = Client(cluster.ports["n1"], "capburst-pub")
+    assert pub.wait_connected()
+    os.kill(sidecar, signal.SIGSTOP)
+    try:
+        infos = [pub.client.publish("capburst/x", str(i).encode(), qos=1)
+                 for i in range(count)]
+        for info in infos:
+            info.wait_for_publish(30)
+    finally:
+        os.kill(sidecar, signal.SIGCONT)
+    wait_arrivals(sub, count, limit=90)
+    check_sequence([int(m.payload) for m in sub.messages], count)
+    wait_for(lambda: _capture(cluster, "n1").get("received", 0) >= count, 10, "state")
+    fwd = cluster.routing("n1")["fwd"]
+    assert fwd["dropped_by_mosquitto"] == 0 and fwd["unacked"] == 0, fwd
+    sub.close()
+    pub.close()
 
 
 def test_a_clients_own_message_skips_its_no_local_subscription_on_another_node(

@@ -232,7 +232,9 @@ def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):
     flight; the sidecar sees the skipped packet ids, reconnects, and takes the resent copies in
     order. Before this, about 10,300 of the 15,000 acknowledged messages arrived. Overload
     shedding is off here (it would disconnect the publisher long before: test_overload.py)."""
-    cluster = cluster_factory(2, env={"MQFED_OVERLOAD_BACKLOG_MAX": "1000000"})
+    # the MQTT copies' recovery: with routing.capture the plugin holds the records instead
+    cluster = cluster_factory(2, env={"MQFED_OVERLOAD_BACKLOG_MAX": "1000000",
+                                      "MQFED_ROUTING_CAPTURE": "false"})
     count = 15_000
     sub = Client(cluster.ports["n2"], "burst-sub")
     assert sub.wait_connected()
