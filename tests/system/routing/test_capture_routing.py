@@ -21,7 +21,9 @@ from tests.system.node.mqtt import Client
 from tests.system.routing.test_faults import origin_crash_while_the_receiver_is_frozen
 from tests.system.routing.traffic import check_sequence, wait_arrivals
 
-CAPTURE = {"MQFED_ROUTING_CAPTURE": os.environ.get("HA_CAPTURE", "true")}
+# TEST_CAPTURE=false runs the same tests with capture off (each then fails: what they check
+# is capture's)
+CAPTURE = {"MQFED_ROUTING_CAPTURE": os.environ.get("TEST_CAPTURE", "true")}
 
 
 def _capture(cluster, node: str) -> dict:
