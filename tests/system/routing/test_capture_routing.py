@@ -21,8 +21,9 @@ from tests.system.node.mqtt import Client
 from tests.system.routing.test_faults import origin_crash_while_the_receiver_is_frozen
 from tests.system.routing.traffic import check_sequence, wait_arrivals
 
-# TEST_CAPTURE=false runs the same tests with capture off (each then fails: what they check
-# is capture's)
+# TEST_CAPTURE=false runs the same tests with capture off: those checking capture's state or
+# No Local fail then; the frozen-receiver crash test passes on both paths (it checks what
+# both must keep; it fails when records are acknowledged on receipt)
 CAPTURE = {"MQFED_ROUTING_CAPTURE": os.environ.get("TEST_CAPTURE", "true")}
 
 
