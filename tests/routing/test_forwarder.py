@@ -177,3 +177,18 @@ def test_a_shard_s_lost_session_forgets_only_its_copies_acks():
     assert fwd.forget_local_acks(range(65536, 2 * 65536)) == 1
     assert fwd.on_settled("n2", [1, 2]) == [AckLocal(41, 1)]
     assert fwd.pending == 0
+
+
+def test_a_captured_message_goes_once_to_every_peer_with_matching_plain_interest():
+    """A record the plugin captured (one per message, no subscription identifiers) goes to
+    every peer whose plain filters match, never to a shared group's holder (shared picks
+    keep the copies' path), with its publisher named for No Local over there."""
+    fwd, _ = _setup(n2=["a/#", "a/+"], n3=["a/x"], n4=["$share/g/a/#"], n5=["b/#"])
+    copy = LocalCopy(3, "a/x", b"p", 1, False, publisher="dev-1", captured=True)
+    actions = fwd.on_copy(copy, 1)
+    queued = [a for a in actions if isinstance(a, QueueEnvelope)]
+    assert sorted(a.peer for a in queued) == ["n2", "n3"]
+    assert {a.envelope.publisher for a in queued} == {"dev-1"}
+    assert fwd.on_settled("n2", [1]) == [] and fwd.on_settled("n3", [1]) == [AckLocal(3, 1)]
+    assert fwd.on_copy(LocalCopy(4, "c/x", b"", 0, False, captured=True), 1) == [
+        AckLocal(4, 0)]

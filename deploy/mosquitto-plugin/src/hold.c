@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch.h"
+#include "capture.h"
 #include "cut.h"
 #include "hold.h"
 #include "inject.h"
@@ -161,12 +163,16 @@ static void set_owed(struct hold *h, bool *flag, bool on)
 }
 
 /* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
- * it there, every copy routed after it behind (delivered at the top of the next iteration). */
+ * it there, every copy routed after it behind (delivered at the top of the next iteration).
+ * With capture on, the messages reach the sidecar as records: the cut is a record among them
+ * (appended at this tick: after this iteration's records, before the next's). */
 static void send_marker(const struct hold *h)
 {
 	size_t n = strlen(h->id);
-	char *payload = malloc(n + 4);
+	char *payload;
 
+	if(capture_marker(MQFB_KIND_CUT, h->id, NULL, 0)) return;
+	payload = malloc(n + 4);
 	if(payload == NULL) return;
 	memcpy(payload, "cut:", 4);
 	memcpy(payload + 4, h->id, n);

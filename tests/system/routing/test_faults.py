@@ -79,13 +79,18 @@ def test_receiving_sidecar_killed_under_qos1_load_loses_nothing(cluster_factory)
 
 def test_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged(
         cluster_factory):
+    origin_crash_while_the_receiver_is_frozen(cluster_factory)
+
+
+def origin_crash_while_the_receiver_is_frozen(cluster_factory,
+                                              env: dict[str, str] | None = None) -> None:
     """n2's sidecar frozen (SIGSTOP) under QoS 1 load from n1, so n2 acks nothing; n1's
     sidecar is killed (SIGKILL) meanwhile and what it had sent but n2 had not read is lost
     with it (the stream passes a proxy that resets it: the bytes a crashed machine never
     sent; a killed process's kernel would still deliver them). Then n2 resumes and n1
     restarts. The copies n1 held only in memory survive as Mosquitto's unacked copies:
     every message its publisher got a PUBACK for reaches the subscriber, in order."""
-    cluster = cluster_factory(2)
+    cluster = cluster_factory(2, env=env)
     proxy = CuttableProxy(cluster.grpc_port("n2"))
     sub = pub = None
     try:
@@ -109,7 +114,7 @@ def test_origin_crash_while_the_receiver_is_frozen_loses_nothing_acknowledged(
         finally:
             os.kill(receiver, signal.SIGCONT)
             proxy.restore()
-        result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1")
+        result = mqfed("start-node", "--run-dir", str(cluster.run_dir), "n1", env=env)
         assert result.returncode == 0, result.stderr
         sent = pub.stop()
         pub = None
@@ -227,7 +232,9 @@ def test_burst_past_mosquittos_packet_limit_is_resent_in_order(cluster_factory):
     flight; the sidecar sees the skipped packet ids, reconnects, and takes the resent copies in
     order. Before this, about 10,300 of the 15,000 acknowledged messages arrived. Overload
     shedding is off here (it would disconnect the publisher long before: test_overload.py)."""
-    cluster = cluster_factory(2, env={"MQFED_OVERLOAD_BACKLOG_MAX": "1000000"})
+    # the MQTT copies' recovery: with routing.capture the plugin holds the records instead
+    cluster = cluster_factory(2, env={"MQFED_OVERLOAD_BACKLOG_MAX": "1000000",
+                                      "MQFED_ROUTING_CAPTURE": "false"})
     count = 15_000
     sub = Client(cluster.ports["n2"], "burst-sub")
     assert sub.wait_connected()
