@@ -84,8 +84,9 @@ class BatchInjection:
         self.room = QueueRoom(max_queued)
         self._pending: deque[Item] = deque()
         self._probe: asyncio.TimerHandle | None = None
-        self._unwoken: dict[int, float] = {}   # batch id -> sent at (loop time), unanswered
-        self._wake: asyncio.TimerHandle | None = None   # since the last wake, oldest first
+        # unanswered batches sent since the last wake: id -> sent at (loop time), oldest first
+        self._unwoken: dict[int, float] = {}
+        self._wake: asyncio.TimerHandle | None = None   # when the oldest is due a wake
         self._ids = itertools.count(1)
         self._tickets = itertools.count(-1, -1)   # apart from the forwarding client's (> 0)
         self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0,
