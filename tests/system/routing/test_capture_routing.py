@@ -19,7 +19,7 @@ from tests.harness.procs import wait_for
 from tests.system.cluster.conftest import mqfed
 from tests.system.node.mqtt import Client
 from tests.system.routing.test_faults import origin_crash_while_the_receiver_is_frozen
-from tests.system.routing.traffic import check_sequence, wait_arrivals
+from tests.system.routing.traffic import check_sequence, publish_sequence, wait_arrivals
 
 # TEST_CAPTURE=false runs the same tests with capture off: those checking capture's state or
 # No Local fail then; the frozen-receiver crash test passes on both paths (it checks what
@@ -94,21 +94,6 @@ def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_facto
         sub.close()
 
 
-def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
-    def run() -> None:
-        pub = Client(port, f"cap-seq-{topic.replace('/', '-')}")
-        assert pub.wait_connected()
-        for i in range(count):
-            pub.publish(topic, str(i).encode(), qos=1, wait=False)
-            time.sleep(1.0 / rate)
-        time.sleep(1.0)
-        pub.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_killed_origin_sidecar_loses_nothing(cluster_factory):
     """QoS 1 at 400 msgs/s n1 → n2; n1's sidecar is killed (SIGKILL; its Mosquitto keeps
     the unacknowledged records) and restarted a second later: every message arrives, first
@@ -121,7 +106,8 @@ def test_a_killed_origin_sidecar_loses_nothing(cluster_factory):
     assert sub.wait_connected()
     sub.subscribe(topic, qos=1)
     cluster.wait_interest("n2", topic)
-    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic=topic)
+    thread = publish_sequence(cluster.ports["n1"], count, rate=400, topic=topic,
+                              client_id="cap-seq")
     wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
     result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), "n1", "--sidecar-only")
     assert result.returncode == 0, result.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 from tests.harness.procs import wait_for
@@ -14,25 +13,10 @@ from tests.system.node.mqtt import Client
 from tests.system.routing.traffic import (
     SteadyPublisher,
     check_sequence,
+    publish_sequence,
     values,
     wait_arrivals,
 )
-
-
-def _publish_sequence(port: int, count: int, rate: float, topic: str) -> threading.Thread:
-    """Publish payloads 0..count-1 at QoS 1 from one publisher, in a thread."""
-    def run() -> None:
-        pub = Client(port, f"seq-pub-{topic.replace('/', '-')}")
-        assert pub.wait_connected()
-        for i in range(count):
-            pub.publish(topic, str(i).encode(), qos=1, wait=False)
-            time.sleep(1.0 / rate)
-        time.sleep(1.0)
-        pub.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def _check_sequence(sub: Client, count: int) -> None:
@@ -50,7 +34,7 @@ def _kill_sidecar_under_load(cluster_factory, victim: str, downtime: float = 1.0
     assert sub.wait_connected()
     sub.subscribe(topic, qos=1)
     cluster.wait_interest("n2", topic)
-    thread = _publish_sequence(cluster.ports["n1"], count, rate=400, topic=topic)
+    thread = publish_sequence(cluster.ports["n1"], count, rate=400, topic=topic)
     wait_for(lambda: len(sub.messages) > 300, 15, "traffic flowing")
     result = mqfed("stop-node", "--run-dir", str(cluster.run_dir), victim, "--sidecar-only")
     assert result.returncode == 0, result.stderr
@@ -178,7 +162,7 @@ def test_batched_backlog_waits_for_room_in_a_slow_subscribers_queue(cluster_fact
     cut[0].write_text("n2")   # the link cut both ways (a restarted sidecar would not have
     cut[1].write_text("n1")   # this test's max_queued_messages in its environment)
     time.sleep(1.0)           # both sidecars read the files every 0.2 s
-    _publish_sequence(cluster.ports["n1"], count, rate=1000, topic=topic).join(30)
+    publish_sequence(cluster.ports["n1"], count, rate=1000, topic=topic).join(30)
     assert cluster.routing("n1")["queues"]["n2"]["count"] == count
     for f in cut:
         f.unlink()
