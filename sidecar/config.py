@@ -228,6 +228,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               " room in the subscribers' queues, a slow subscriber's left out"
                               " (issue 25, docs/architecture.md \"The C bridge\"); false: one"
                               " PUBLISH per message on the forwarding connection"),
+        "capture": Key(bool, False, None, "the plugin hands this node's local publishes that"
+                       " peers want to the sidecar as records over a unix socket instead of"
+                       " MQTT copies on the forwarding connection, naming their publisher"
+                       " (No Local on other nodes; issue 25 slice 2, docs/architecture.md"
+                       " \"The C bridge\"); needs forward_shards 1"),
     },
     "catchup": {
         "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"
@@ -381,6 +386,10 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
         raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
                           "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
     _check_etcd_access(values["membership"], where_file)
+    if values["routing"]["capture"] and values["routing"]["forward_shards"] > 1:
+        raise ConfigError(f"{where_file}: routing.capture needs routing.forward_shards 1 (a"
+                          " message a shard's and .fwd's filters match would reach the"
+                          " sidecar twice)")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
                           ("grpc", "tls_ca"), ("membership", "etcd_ca"),

@@ -127,3 +127,12 @@ def test_etcd_access_settings(tmp_path: Path):
     local = build_config({"node": {"id": "n1"}, "membership": {
         "etcd_user": "u", "etcd_password": "p"}}, env={})
     assert load_etcd_access(local["membership"]).describe() == "plaintext, user 'u'"
+
+
+def test_capture_is_off_by_default_and_needs_one_forwarding_connection():
+    assert build_config({"node": {"id": "n1"}}, env={})["routing"]["capture"] is False
+    cfg = build_config({"node": {"id": "n1"}}, env={"MQFED_ROUTING_CAPTURE": "true"})
+    assert cfg["routing"]["capture"] is True
+    with pytest.raises(ConfigError, match="routing.capture needs routing.forward_shards 1"):
+        build_config({"node": {"id": "n1"}, "routing": {"capture": True, "forward_shards": 2}},
+                     env={})

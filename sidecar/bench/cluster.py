@@ -96,7 +96,7 @@ class BenchCluster:
         """The node's routing counters from its state.json (written every 0.5 s), plus the
         gRPC frames it wrote on its outbound (messages) and inbound (acks) streams and its
         inject batches (`inject_batches`, `inject_waits`: times a batch waited for room in a
-        subscriber's queue, `inject_lifted`)."""
+        subscriber's queue, `inject_lifted`, `inject_wakes`: idle Mosquittos woken for a reply)."""
         try:
             state = json.loads((self.run_dir / "nodes" / ident / "state.json").read_text())
         except (OSError, ValueError):
@@ -108,7 +108,7 @@ class BenchCluster:
                 key = f"frames_out_{side}"
                 out[key] = out.get(key, 0) + (peer.get(side) or {}).get("frames_out", 0)
         inject = routing.get("inject") or {}   # batches (routing.inject_batches) and their waits
-        for k in ("batches", "waits", "lifted"):
+        for k in ("batches", "waits", "lifted", "wakes"):
             if isinstance(inject.get(k), int):
                 out[f"inject_{k}"] = inject[k]
         return out

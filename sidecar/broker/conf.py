@@ -155,6 +155,7 @@ class BrokerConfig:
     catchup_ms: int = 0
     catchup_bytes: int = 16 << 20
     journal_dir: Path | None = None  # the plugin's journal (sidecar.journal); None: none
+    capture_socket: Path | None = None  # the sidecar's capture socket (routing.capture)
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -189,6 +190,8 @@ def render(cfg: BrokerConfig) -> str:
         out.append(f"plugin_opt_catchup_bytes {cfg.catchup_bytes}")
     if cfg.journal_dir is not None:
         out.append(f"plugin_opt_journal_dir {cfg.journal_dir}")
+    if cfg.capture_socket is not None:
+        out.append(f"plugin_opt_capture_socket {cfg.capture_socket}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

@@ -14,7 +14,9 @@ was made as `hlc`; its topic, properties and payload are empty.
 
 `props` is the MQTT v5 property encoding (big-endian fields, one-byte identifiers) of what a
 PUBLISH may carry to a subscriber. The sidecar publishes a batch to `$CONTROL/mqfed/inject`;
-the plugin re-injects every message and answers on `INJECT_REPLY`.
+the plugin re-injects every message and answers on `INJECT_REPLY`. A QoS 0 publish to
+`WAKE_TOPIC` (no handler: Mosquitto reads it and does nothing) wakes an idle Mosquitto whose
+answer waits for its next socket event (`sidecar.routing.injection`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sidecar.message import MessageProperties
 
 INJECT_TOPIC = "$CONTROL/mqfed/inject"
 INJECT_REPLY = "$SYS/broker/mqfed/replies/inject"
+WAKE_TOPIC = "$CONTROL/mqfed/wake"
 MAGIC = b"MQFB"
 VERSION = 1
 KIND_MESSAGE = 1

@@ -37,7 +37,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from sidecar.journal.confirmations import Confirmations
-from sidecar.local.batch import INJECT_REPLY, INJECT_TOPIC
+from sidecar.local.batch import INJECT_REPLY, INJECT_TOPIC, WAKE_TOPIC
 from sidecar.local.link import sidecar_client
 from sidecar.local.midgaps import CopyTracker, Verdict
 from sidecar.local.mqtt_codec import NO_PROPERTIES, LeanPublish
@@ -526,6 +526,13 @@ class ForwardClient:
     def forget_injection(self, batch_id: int) -> None:
         """Stop waiting for a batch's reply."""
         self._injecting.pop(batch_id, None)
+
+    def wake(self) -> None:
+        """Make Mosquitto's loop turn once more: a QoS 0 publish to a `$CONTROL/` topic without
+        a handler (read, then dropped). The plugin answers a batch at the end of the loop
+        iteration that routed it, which on an idle Mosquitto waits for its next socket event
+        (up to 100 ms: its `epoll_wait` timeout)."""
+        self._client.publish(WAKE_TOPIC, b"", qos=0)
 
     def _on_inject_reply(self, payload: bytes) -> None:
         try:

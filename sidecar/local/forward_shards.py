@@ -217,5 +217,8 @@ class ForwardShards:
     def forget_injection(self, batch_id: int) -> None:
         self.main.forget_injection(batch_id)
 
+    def wake(self) -> None:
+        self.main.wake()
+
     def barrier(self) -> int:
         return self.main.barrier()

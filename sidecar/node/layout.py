@@ -76,6 +76,9 @@ class NodeLayout:
             digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
             self.socket_dir = SOCKET_FALLBACK_ROOT / digest
         self.socket_path = self.socket_dir / "mosquitto.sock"
+        # where the sidecar listens for the plugin's captured records (routing.capture): in
+        # the private folder, as whoever connects there can pose as the plugin
+        self.capture_socket = self.socket_dir / "capture.sock"
 
     def prepare_socket_dir(self) -> None:
         """Create the socket's folder, writable by the user Mosquitto drops to."""
@@ -141,4 +144,5 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         catchup_ms=int(config["catchup"]["window"] * 1000),
         catchup_bytes=config["catchup"]["max_bytes"],
         journal_dir=layout.socket_dir if mqtt["journal"] else None,
+        capture_socket=layout.capture_socket if config["routing"]["capture"] else None,
     ))

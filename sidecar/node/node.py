@@ -292,7 +292,9 @@ class Node:
                               catchup_window=cfg["catchup"]["window"],
                               catchup_margin=cfg["catchup"]["margin"],
                               catchup_bytes=cfg["catchup"]["max_bytes"],
-                              inject_batches=cfg["routing"]["inject_batches"])
+                              inject_batches=cfg["routing"]["inject_batches"],
+                              capture_socket=(self.layout.capture_socket
+                                              if cfg["routing"]["capture"] else None))
 
     async def _connect(self, secret: str, incarnation: int) -> Snapshot:
         """Link to the plugin, then start routing (after Mosquitto is up); returns the

@@ -33,6 +33,11 @@ class LocalCopy:
     retain: bool
     properties: MessageProperties = MessageProperties()
     subscription_ids: tuple[int, ...] = ()
+    publisher: str = ""
+    """Its publisher's client id where the plugin names it (a captured record); "": unknown."""
+    captured: bool = False
+    """Captured by the plugin (one record per message, plain subscriptions only: issue 25,
+    slice 2), not a copy Mosquitto queued for a forwarding subscription."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,8 @@ class Forwarder:
         stores it on every node and so delivers it to their plain subscribers; only a shared
         group's delivery (Mosquitto picked this sidecar as the member) goes this way (the
         plugin keeps retained re-injections away from shared subscriptions)."""
-        decision = self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down)
+        decision = (self.interest.captured_targets(copy.topic) if copy.captured else
+                    self.interest.forward_targets(copy.topic, copy.subscription_ids, down=down))
         actions: list[ForwardAction] = []
         local = decision.unroutable  # Mosquitto picked us, no peer holds the group (any more)
         if decision.peers and not copy.retain and self.recent is not None:
@@ -172,7 +178,7 @@ class Forwarder:
         for peer, group, shared_filter in targets:
             env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
                            copy.qos, copy.retain, copy.properties, group, shared_filter,
-                           first_seq=seq)
+                           publisher=copy.publisher, first_seq=seq)
             actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
         for key in local:  # as Mosquitto would have, had it picked a local member
             self.local_shared += 1

@@ -11,6 +11,13 @@ kept across that fallback).
 
 Batches are sized to the room the plugin's replies report in the fullest subscriber's queue
 (`sidecar.routing.inject_room`); what does not fit waits here, in order.
+
+The plugin answers at the end of the Mosquitto loop iteration that routed the batch, and that
+iteration ends only once Mosquitto's `epoll_wait` returns: at its next socket event, or after
+100 ms on an idle Mosquitto (a batch whose subscribers send nothing back: none live, QoS 0,
+a slow link). A batch unanswered after WAKE_AFTER gets a wake (`Injector.wake`, one tiny QoS 0
+publish) that ends that wait; one wake covers every batch sent before it, so a batch is woken
+at most once, and prompt replies (traffic keeps Mosquitto awake) cost none.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from sidecar.routing.inject_room import GIVE_UP_AFTER, PROBE_AFTER, QueueRoom
 log = logging.getLogger("mqfed.routing")
 
 REPLY_TIMEOUT = 10.0
+WAKE_AFTER = 0.005          # seconds a batch waits for its reply before Mosquitto is woken
 MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB limit: ~28 MiB)
 MAX_BATCH_RECORDS = 10_000
 UNENCODABLE_LOG_EVERY = 10.0  # seconds between warnings about messages no batch can carry
@@ -59,6 +67,8 @@ class Injector(Protocol):
 
     def forget_injection(self, batch_id: int) -> None: ...
 
+    def wake(self) -> None: ...
+
 
 Item = tuple[int, Envelope]   # (ticket, message)
 
@@ -75,10 +85,14 @@ class BatchInjection:
         self.room = QueueRoom(max_queued)
         self._pending: deque[Item] = deque()
         self._probe: asyncio.TimerHandle | None = None
+        # unanswered batches sent since the last wake: id -> sent at (loop time), oldest first
+        self._unwoken: dict[int, float] = {}
+        self._wake: asyncio.TimerHandle | None = None   # when the oldest is due a wake
         self._ids = itertools.count(1)
         self._tickets = itertools.count(-1, -1)   # apart from the forwarding client's (> 0)
         self.counters = {"batches": 0, "messages": 0, "refused": 0, "timeouts": 0,
-                         "waits": 0, "probes": 0, "lifted": 0, "unencodable": 0}
+                         "waits": 0, "probes": 0, "lifted": 0, "unencodable": 0,
+                         "wakes": 0}
         self._unencodable_logged = float("-inf")
 
     def ticket(self) -> int:
@@ -152,11 +166,30 @@ class BatchInjection:
         batch_id = next(self._ids)
         self.room.sent(len(chunk))
         future = self.injector.inject(batch_id, encode_batch(batch_id, records))
-        timer = asyncio.get_running_loop().call_later(REPLY_TIMEOUT, self._timed_out,
-                                                      batch_id, future, chunk)
-        future.add_done_callback(lambda f: self._answered(f, timer, chunk))
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(REPLY_TIMEOUT, self._timed_out, batch_id, future, chunk)
+        future.add_done_callback(lambda f: self._answered(f, timer, chunk, batch_id))
+        self._unwoken[batch_id] = loop.time()
+        if self._wake is None:
+            self._wake = loop.call_later(WAKE_AFTER, self._wake_if_waiting)
+
+    def _wake_if_waiting(self) -> None:
+        """The oldest batch sent since the last wake is still unanswered after WAKE_AFTER:
+        wake Mosquitto (for it and every later one); else wait for that batch's turn."""
+        self._wake = None
+        if not self._unwoken:
+            return
+        loop = asyncio.get_running_loop()
+        due = next(iter(self._unwoken.values())) + WAKE_AFTER
+        if loop.time() < due:
+            self._wake = loop.call_at(due, self._wake_if_waiting)
+            return
+        self._unwoken.clear()
+        self.counters["wakes"] += 1
+        self.injector.wake()
 
     def _timed_out(self, batch_id: int, future: asyncio.Future, chunk: list[Item]) -> None:
+        self._unwoken.pop(batch_id, None)
         self.injector.forget_injection(batch_id)
         future.cancel()
         self.counters["timeouts"] += 1
@@ -167,9 +200,10 @@ class BatchInjection:
         self._pump()
 
     def _answered(self, future: asyncio.Future, timer: asyncio.TimerHandle,
-                  chunk: list[Item]) -> None:
+                  chunk: list[Item], batch_id: int) -> None:
         if future.cancelled():
             return
+        self._unwoken.pop(batch_id, None)
         timer.cancel()
         reply = future.result()
         if not reply.get("ok"):

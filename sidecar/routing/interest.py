@@ -438,6 +438,13 @@ class RemoteInterest:
         """How many local forwarding subscriptions there are (O(1))."""
         return len(self._union)
 
+    def captured_targets(self, topic: str) -> ForwardDecision:
+        """What to do with a message the plugin captured (issue 25, slice 2: one record per
+        message, for the plain forwarding subscriptions; shared picks keep the copies'
+        path): every peer with plain interest matching the topic."""
+        peers = self._plain_peers(self._plain_matching(topic))
+        return ForwardDecision(peers) if peers else _NOTHING
+
     def forward_targets(
         self, topic: str, subscription_ids: Sequence[int], *, down: Collection[str] = ()
     ) -> ForwardDecision:
@@ -495,20 +502,26 @@ class RemoteInterest:
         if plain_min:
             matching = self._plain_matching(topic)
             if plain_min == min(u.sid for u in matching):
-                if len(matching) == 1:
-                    peers = next(iter(matching)).peers  # (shared, immutable)
-                else:
-                    targets: set[str] = set()
-                    for sub in matching:
-                        targets |= sub.peers
-                    peers = frozenset(targets)
-            if self._gone and peers:  # (peers that left, their keys not all dropped yet)
-                peers = peers - self._gone
+                peers = self._plain_peers(matching)
         if not peers and not shared and not unroutable:
             return _NOTHING
         return ForwardDecision(peers, tuple(shared), tuple(unroutable))
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _plain_peers(self, matching: set[_Union]) -> frozenset[str]:
+        """The peers of these plain union filters, but those that left (their keys not all
+        dropped yet)."""
+        if not matching:
+            return frozenset()
+        if len(matching) == 1:
+            peers = next(iter(matching)).peers  # (shared, immutable)
+        else:
+            targets: set[str] = set()
+            for sub in matching:
+                targets |= sub.peers
+            peers = frozenset(targets)
+        return peers - self._gone if self._gone and peers else peers
 
     def _plain_matching(self, topic: str) -> set[_Union]:
         """The plain union filters matching `topic`: the wildcard ones from the trie, and the

@@ -50,6 +50,7 @@ from sidecar.peering.tls import PeerTls
 from sidecar.peering.transport import FrameTooLarge, PeerTransport
 from sidecar.retained.service import ReadRetained, RetainedService
 from sidecar.routing.acks import sort_acks
+from sidecar.routing.capture_intake import CaptureIntake
 from sidecar.routing.catchup_wiring import CatchUpWiring
 from sidecar.routing.forwarder import (
     LOCAL,
@@ -144,7 +145,10 @@ class RoutingService(CatchUpWiring):
                  check_peer_address: bool = True, max_message_bytes: int = 64 << 20,
 
                  catchup_window: float = 5.0, catchup_margin: float = 0.05,
-                 catchup_bytes: int = 16 << 20, inject_batches: bool = True) -> None:
+                 catchup_bytes: int = 16 << 20, inject_batches: bool = True,
+                 capture_socket: Path | None = None) -> None:
+        """`capture_socket`: where the plugin hands over captured records (issue 25, slice
+        2, `routing.capture`; None: `.fwd`'s MQTT copies only)."""
         self.hello = hello
         self.node_id = hello.node_id
         self.incarnation = hello.incarnation
@@ -206,6 +210,10 @@ class RoutingService(CatchUpWiring):
         self.wills: PeerFrames | None = None  # the will table's frames (node sets)
         self.drain: PeerFrames | None = None  # NodeState frames (node sets)
         self._barriers = itertools.count(1)
+        self.capture = (CaptureIntake(capture_socket, self._on_copies,
+                                      self.forwarder.forget_local_acks,
+                                      lambda: self.forward_client.confirmations)
+                        if capture_socket is not None else None)
         self.retained = RetainedService(self.node_id, self.clock, run_dir, self.transport, fwd,
                                         lambda: self.peers_with(RETAINED), read_retained,
                                         tombstone_grace)
@@ -232,6 +240,8 @@ class RoutingService(CatchUpWiring):
         self.set_peers(peers())  # queues exist before redelivered copies arrive
         self.retained.start()
         await self.forward_client.connect()
+        if self.capture is not None:
+            await self.capture.start()
         self._tasks.append(asyncio.create_task(self._persist_loop()))
         self._tasks.append(asyncio.create_task(self._faults_loop()))
 
@@ -242,6 +252,8 @@ class RoutingService(CatchUpWiring):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.retained.stop()
+        if self.capture is not None:
+            await self.capture.close()
         if self.hops is not None:
             self.hops.close()
         await self.persister.flush()
@@ -595,7 +607,7 @@ class RoutingService(CatchUpWiring):
                 if self._fits(action.peer, action.envelope, len(data)):
                     self._qos0.setdefault(action.peer, []).append(data)
             elif isinstance(action, AckLocal):
-                self.forward_client.ack(action.mid, action.qos)
+                self._ack_local([action])
             elif isinstance(action, DeliverLocalShared):
                 asyncio.get_running_loop().create_task(self._deliver_local(action.envelope))
 
@@ -658,8 +670,12 @@ class RoutingService(CatchUpWiring):
         self._schedule_flush()
 
     def _ack_local(self, acks: list[AckLocal]) -> None:
+        capture = self.capture
         for ack in acks:
-            self.forward_client.ack(ack.mid, ack.qos)
+            if capture is not None and capture.is_capture_mid(ack.mid):
+                capture.on_settled(ack.mid)  # a captured record: acked to the plugin
+            else:
+                self.forward_client.ack(ack.mid, ack.qos)
 
     def _settle_durable(self, peer: str) -> None:
         queue = self.queues[peer]
@@ -886,11 +902,16 @@ class RoutingService(CatchUpWiring):
         deadline = loop.time() + timeout
         token = f"barrier-{next(self._barriers)}".encode()
         probed = self.forward_client.expect_probe(token)
+        # with capture on, the probe is also a marker among the records (the plugin's
+        # `deliver` of a token to .fwd): both paths must have handed over what came before
+        marked = self.capture.expect_barrier(token) if self.capture is not None else None
+        waits = [probed] if marked is None else [probed, marked]
         try:
             await self.commands.probe_with(token, self.forward_client.client_ids)
-            await asyncio.wait_for(probed, timeout)
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
         except Exception as exc:  # the plugin did not answer, or the probe was lost
-            probed.cancel()
+            for fut in waits:
+                fut.cancel()
             log.info("barrier probe failed: %s", exc, extra={"peer": peer})
             return False
         queue = self.queues.get(peer)
@@ -993,6 +1014,7 @@ class RoutingService(CatchUpWiring):
             "interest": self.interest_status(),
             "fwd": self.forward_client.stats(),
             "inject": self.injection.status() if self.injection is not None else None,
+            "capture": self.capture.status() if self.capture is not None else None,
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),

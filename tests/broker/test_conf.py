@@ -120,3 +120,11 @@ def test_sidecar_id_is_derived_from_the_secret():
     one, two = sidecar_client_id("secret-1"), sidecar_client_id("secret-2")
     assert one == sidecar_client_id("secret-1") and one != two
     assert one.startswith("mqfed-sidecar-") and len(one) == len("mqfed-sidecar-") + 16
+
+
+def test_the_capture_socket_is_written_only_when_set():
+    """routing.capture: `mqfed node` names the sidecar's capture socket to the plugin."""
+    assert not any(line.startswith("plugin_opt_capture_socket")
+                   for line in render(_cfg()).splitlines())
+    lines = render(_cfg(capture_socket=Path("/r/capture.sock"))).splitlines()
+    assert "plugin_opt_capture_socket /r/capture.sock" in lines

@@ -190,3 +190,18 @@ def test_a_cut_goes_to_each_peer_under_one_seq_at_its_clients_connect_time():
     assert (seq2, actions) == (seq + 1, [])
     _, (action,) = fwd.cut("dev", ["n2"], 6_000)  # without a connect time (an older plugin)
     assert action.envelope.hlc >> 16 == 6_000
+
+
+def test_a_captured_message_goes_once_to_every_peer_with_matching_plain_interest():
+    """A record the plugin captured (one per message, no subscription identifiers) goes to
+    every peer whose plain filters match, never to a shared group's holder (shared picks
+    keep the copies' path), with its publisher named for No Local over there."""
+    fwd, _ = _setup(n2=["a/#", "a/+"], n3=["a/x"], n4=["$share/g/a/#"], n5=["b/#"])
+    copy = LocalCopy(3, "a/x", b"p", 1, False, publisher="dev-1", captured=True)
+    actions = fwd.on_copy(copy, 1)
+    queued = [a for a in actions if isinstance(a, QueueEnvelope)]
+    assert sorted(a.peer for a in queued) == ["n2", "n3"]
+    assert {a.envelope.publisher for a in queued} == {"dev-1"}
+    assert fwd.on_settled("n2", [1]) == [] and fwd.on_settled("n3", [1]) == [AckLocal(3, 1)]
+    assert fwd.on_copy(LocalCopy(4, "c/x", b"", 0, False, captured=True), 1) == [
+        AckLocal(4, 0)]

@@ -18,6 +18,7 @@ class FakeInjector:
     def __init__(self) -> None:
         self.sent: list[tuple[int, bytes, asyncio.Future]] = []
         self.forgotten: list[int] = []
+        self.wakes = 0
 
     def inject(self, batch_id: int, batch: bytes) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -26,6 +27,9 @@ class FakeInjector:
 
     def forget_injection(self, batch_id: int) -> None:
         self.forgotten.append(batch_id)
+
+    def wake(self) -> None:
+        self.wakes += 1
 
 
 def env(i: int, qos: int = 1, size: int = 10) -> Envelope:
@@ -186,3 +190,64 @@ def test_a_message_no_record_can_carry_is_dropped_and_the_rest_go_on():
     items, held, counters, batches = run(main())
     assert held == [items[1][0], items[0][0], items[2][0]] and counters["unencodable"] == 1
     assert batches == 2
+
+
+def test_a_prompt_reply_costs_no_wake(monkeypatch):
+    monkeypatch.setattr(injection, "WAKE_AFTER", 0.01)
+
+    async def main():
+        fake = FakeInjector()
+        inj = BatchInjection(fake, lambda t: None, lambda i: None)
+        for i in range(3):
+            inj.send([(inj.ticket(), env(i))])
+            bid, _, fut = fake.sent[-1]
+            fut.set_result({"ok": True, "batch": bid, "count": 1})
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        return fake.wakes, inj.counters["wakes"]
+    assert run(main()) == (0, 0)
+
+
+def test_an_unanswered_batch_wakes_mosquitto_once_and_a_wake_covers_earlier_batches(
+        monkeypatch):
+    """Mosquitto answers at the end of the loop iteration that routed a batch: on an idle
+    Mosquitto only the next socket event ends it, which the wake is."""
+    monkeypatch.setattr(injection, "WAKE_AFTER", 0.1)
+
+    async def main():
+        fake = FakeInjector()
+        inj = BatchInjection(fake, lambda t: None, lambda i: None)
+        inj.send([(inj.ticket(), env(1))])
+        await asyncio.sleep(0.01)
+        inj.send([(inj.ticket(), env(2))])
+        await asyncio.sleep(0.02)
+        early = fake.wakes                      # 30 ms: the first has not waited 100 ms yet
+        await asyncio.sleep(0.15)
+        after_one = fake.wakes                  # 180 ms: one wake for both
+        await asyncio.sleep(0.25)
+        still = fake.wakes                      # never woken again, though still unanswered
+        inj.send([(inj.ticket(), env(3))])      # a batch after the wake gets its own
+        await asyncio.sleep(0.2)
+        for bid, _, fut in fake.sent:
+            fut.set_result({"ok": True, "batch": bid, "count": 1})
+        await asyncio.sleep(0)
+        return early, after_one, still, fake.wakes, inj.counters["wakes"]
+    assert run(main()) == (0, 1, 1, 2, 2)
+
+
+def test_a_wake_waits_for_the_oldest_unanswered_batch_sent_since_the_last_one(monkeypatch):
+    monkeypatch.setattr(injection, "WAKE_AFTER", 0.2)
+
+    async def main():
+        fake = FakeInjector()
+        inj = BatchInjection(fake, lambda t: None, lambda i: None)
+        inj.send([(inj.ticket(), env(1))])
+        await asyncio.sleep(0.1)
+        inj.send([(inj.ticket(), env(2))])
+        bid, _, fut = fake.sent[0]
+        fut.set_result({"ok": True, "batch": bid, "count": 1})   # the first is answered
+        await asyncio.sleep(0.15)   # 250 ms: the first's timer fired, the second waited 150
+        early = fake.wakes
+        await asyncio.sleep(0.15)   # 400 ms: the second waited 300
+        return early, fake.wakes
+    assert run(main()) == (0, 1)

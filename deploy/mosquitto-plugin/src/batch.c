@@ -260,14 +260,14 @@ size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
 	return MQFB_REC_FIXED + topic_len + client_len + (size_t)props_len + payload_len;
 }
 
-void mqfb_put_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq, uint64_t hlc,
-		const char *topic, size_t topic_len, const char *client, size_t client_len,
+void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint64_t seq,
+		uint64_t hlc, const char *topic, size_t topic_len, const char *client, size_t client_len,
 		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len)
 {
 	size_t size = mqfb_record_size(topic_len, client_len, props_len, payload_len);
 
 	put32(out, (uint32_t)(size - 4));
-	out[4] = MQFB_KIND_MESSAGE;
+	out[4] = kind;
 	out[5] = (uint8_t)((qos & 3) | (retain ? 4 : 0));
 	put64(out + 6, seq);
 	put64(out + 14, hlc);

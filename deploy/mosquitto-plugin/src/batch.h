@@ -9,6 +9,7 @@
 #define MQFB_VERSION 1u
 #define MQFB_KIND_MESSAGE 1u
 #define MQFB_KIND_CUT 2u                 /* a session's cut: client, origin, seq, generation */
+#define MQFB_KIND_BARRIER 4u             /* capture socket: a barrier probe, its token the payload */
 #define MQFB_FLAG_ORIGIN 0x08u           /* record flag: the origin node's id follows the client */
 
 struct mqfb_batch {
@@ -65,8 +66,8 @@ bool mqfb_encode_props(const mosquitto_property *props, uint8_t **out, uint32_t 
 /* Bytes of an encoded record (its u32 length included). */
 size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
 		uint32_t payload_len);
-/* Encode one kind-1 record into `out` (mqfb_record_size bytes). */
-void mqfb_put_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq, uint64_t hlc,
+/* Encode one record of `kind` into `out` (mqfb_record_size bytes). */
+void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint64_t seq, uint64_t hlc,
 		const char *topic, size_t topic_len, const char *client, size_t client_len,
 		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len);
 

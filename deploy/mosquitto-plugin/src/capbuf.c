@@ -161,8 +161,8 @@ static uint64_t next_hlc(void)
 
 static void flush(void);
 
-/* Append one kind-1 record (the next seq, the hlc now); false when out of memory. */
-bool capbuf_append(uint8_t qos, bool retain, const char *topic, size_t topic_len,
+/* Append one record of `kind` (the next seq, the hlc now); false when out of memory. */
+bool capbuf_append(uint8_t kind, uint8_t qos, bool retain, const char *topic, size_t topic_len,
 		const char *client, size_t client_len, const uint8_t *props, uint32_t props_len,
 		const void *payload, uint32_t payload_len)
 {
@@ -174,7 +174,7 @@ bool capbuf_append(uint8_t qos, bool retain, const char *topic, size_t topic_len
 	if(r == NULL) return false;
 	r->seq = next_seq;
 	r->size = (uint32_t)size;
-	mqfb_put_record(r->data, qos, retain, r->seq, next_hlc(), topic, topic_len, client,
+	mqfb_put_record(r->data, kind, qos, retain, r->seq, next_hlc(), topic, topic_len, client,
 			client_len, props, props_len, payload, payload_len);
 	if(!ring_push(r)){
 		free(r);

@@ -18,7 +18,7 @@ struct capbuf_stats {
 };
 
 int capbuf_init(const char *path, uint64_t epoch);
-bool capbuf_append(uint8_t qos, bool retain, const char *topic, size_t topic_len,
+bool capbuf_append(uint8_t kind, uint8_t qos, bool retain, const char *topic, size_t topic_len,
 		const char *client, size_t client_len, const uint8_t *props, uint32_t props_len,
 		const void *payload, uint32_t payload_len);
 uint64_t capbuf_bytes(void);

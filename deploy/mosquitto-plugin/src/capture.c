@@ -422,8 +422,8 @@ static bool append(const struct ident *id, const char *topic, const void *payloa
 		at[2] = (uint8_t)(left >> 8);
 		at[3] = (uint8_t)left;
 	}
-	return capbuf_append(id->qos, id->retain, topic, strlen(topic), id->client, id->client_len,
-			id->props, id->props_len, payload, id->len);
+	return capbuf_append(MQFB_KIND_MESSAGE, id->qos, id->retain, topic, strlen(topic),
+			id->client, id->client_len, id->props, id->props_len, payload, id->len);
 }
 
 /* A plain READ check of `.fwd` (live, or its offline session) for this message. True: refuse
@@ -472,6 +472,20 @@ bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t 
 	id->fate = ID_CAPTURED;
 	*recorded = true;
 	return true;
+}
+
+/* A marker in the record stream, in order with the records (docs/plugin-protocol.md, "Capture
+ * socket"): a moving session's cut (MQFB_KIND_CUT, `client` its id) or a barrier
+ * (MQFB_KIND_BARRIER, `token` the sidecar's). Not bounded by capture_max_bytes (they are
+ * small and what waits for them must not be lost). False when capture is off or out of
+ * memory: the caller sends the probe by MQTT instead. */
+bool capture_marker(uint8_t kind, const char *client, const void *token, uint32_t token_len)
+{
+	size_t n = client ? strlen(client) : 0;
+
+	if(!enabled) return false;
+	return capbuf_append(kind, 0, false, "", 0, client ? client : "", n, NULL, 0, token,
+			token_len);
 }
 
 /* The end of a loop iteration: forget what is stale; the socket (capbuf.c) connects, reads

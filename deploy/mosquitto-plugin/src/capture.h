@@ -28,6 +28,7 @@ void capture_fwd_disconnected(int64_t expiry);
 void capture_on_message(const struct mosquitto_evt_message *ed);
 bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t qos,
 		bool *recorded);
+bool capture_marker(uint8_t kind, const char *client, const void *token, uint32_t token_len);
 void capture_tick(void);
 void capture_stats(struct capture_stats *s);
 void capture_cleanup(void);

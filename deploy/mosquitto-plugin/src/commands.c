@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch.h"
 #include "calib.h"
 #include "capture.h"
 #include "commands.h"
@@ -311,6 +312,12 @@ static const char *deliver_item(const char *client, struct client *c, const cJSO
 	int rc;
 
 	if(message_from_json(item, &m)) return "bad_request";
+	/* a barrier probe to .fwd (a token): with capture on, also a marker among the records,
+	 * so the sidecar knows when every record captured before it has reached it */
+	if(c == NULL && m.len > 0 && streq(m.topic, CUT_PROBE_TOPIC)
+			&& streq(client, sidecar_fwd_id()) && (m.len < 4 || memcmp(m.payload, "cut:", 4) != 0)){
+		capture_marker(MQFB_KIND_BARRIER, NULL, m.payload, (uint32_t)m.len);
+	}
 	if(sub_id && cJSON_GetObjectItemCaseSensitive(item, "subscription_ids") == NULL
 			&& mosquitto_property_add_varint(&m.props, MQTT_PROP_SUBSCRIPTION_IDENTIFIER, sub_id)){
 		free(m.payload);

@@ -43,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch.h"
+#include "capture.h"
 #include "cut.h"
 #include "hold.h"
 #include "inject.h"
@@ -164,21 +166,29 @@ static void set_owed(struct hold *h, bool *flag, bool on)
 
 /* The probe `cut:<id>` to the forwarding connection: every copy routed before it is ahead of
  * it there, every copy routed after it behind (delivered at the top of the next iteration).
- * A new copy's (`arm`) also says when its client connected here (hold.h). */
+ * A new copy's (`arm`) also says when its client connected here (hold.h). With capture on,
+ * the messages reach the sidecar as records: the cut is a record among them (appended at this
+ * tick: after this iteration's records, before the next's), the connect time its payload. */
 static void send_marker(const struct hold *h, bool arm)
 {
 	size_t n = strlen(h->id);
 	struct client *c = arm ? model_find(h->id) : NULL;
 	int64_t connect_ms = c ? model_client_connect_ms(c) : 0;
-	char *payload = malloc(n + 4 + 1 + 21);
+	char when[21] = "";
+	int when_len = connect_ms > 0 ? snprintf(when, sizeof(when), "%lld",
+			(long long)connect_ms) : 0;
+	char *payload;
 	int len = (int)(n + 4);
 
+	if(capture_marker(MQFB_KIND_CUT, h->id, when, (uint32_t)when_len)) return;
+	payload = malloc(n + 4 + 1 + sizeof(when));
 	if(payload == NULL) return;
 	memcpy(payload, "cut:", 4);
 	memcpy(payload + 4, h->id, n);
-	if(connect_ms > 0){
+	if(when_len > 0){
 		payload[len++] = '\0';
-		len += snprintf(payload + len, 21, "%lld", (long long)connect_ms);
+		memcpy(payload + len, when, (size_t)when_len);
+		len += when_len;
 	}
 	mosquitto_broker_publish_copy(sidecar_fwd_id(), CUT_PROBE_TOPIC, len, payload, 1, false,
 			NULL);

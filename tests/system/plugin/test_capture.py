@@ -8,6 +8,7 @@ takes the MQTT path."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import struct
@@ -35,6 +36,7 @@ from tests.system.plugin.helpers import (
 pytestmark = pytest.mark.timeout(90)
 
 FWD_ID = SIDECAR_ID + ".fwd"
+PROBE = "$SYS/broker/mqfed/fwd-probe"
 # payload format 1, content type, response topic, correlation data, two user properties, and
 # a message expiry of 300 s (which Mosquitto 2.0.11 keeps out of the MESSAGE callback's
 # properties: the plugin reads it from the packet)
@@ -135,6 +137,35 @@ def test_messages_arrive_as_records_in_order_and_fwd_gets_no_copy(node):
     wait_for(lambda: node.stats()["buffered"] == 0, 5, "the ack applied")
     st = node.stats()
     assert (st["acked"], st["buffered_bytes"], st["malformed"]) == (5, 0, 0)
+
+
+def test_barrier_and_cut_markers_keep_their_place_among_the_records(node):
+    """With capture on, a barrier probe the sidecar has delivered to `.fwd` (a token) is
+    also a kind-4 record after the records captured before it, and a moving session's cut
+    (hold.c) is a kind-2 record naming the client instead of the MQTT probe `cut:<id>`: the
+    sidecar learns both in order with the records (routing.capture)."""
+    node.pub.publish("t/1", b"one", qos=1)
+    node.settle()
+    token = base64.b64encode(b"barrier-1").decode()
+    assert node.sc.call("deliver", client=FWD_ID, topic=PROBE, payload=token, qos=1)["ok"]
+    assert node.sc.call("deliver", client=FWD_ID, topic=PROBE, payload="", qos=1)["ok"]
+    node.pub.publish("t/2", b"two", qos=1)
+    mover = node.clients(RawClient("mover", port=node.b.port, clean_start=False,
+                                   session_expiry=300))
+    mover.connect()
+    mover.subscribe("m/#", 1)
+    mover.disconnect()
+    node.sc.wait_type("disconnect", client="mover")
+    assert node.sc.call("hold", client="mover", on=True, cut=True)["ok"]   # at the tick
+    recs = node.peer.wait_records(4)
+    node.pub.publish("t/3", b"three", qos=1)
+    recs = node.peer.wait_records(5)
+    assert [(r.kind, r.topic, r.payload, r.client) for r in recs] == [
+        (1, "t/1", b"one", "pub"), (4, "", b"barrier-1", ""), (1, "t/2", b"two", "pub"),
+        (2, "", b"", "mover"), (1, "t/3", b"three", "pub")]
+    assert [r.seq for r in recs] == [1, 2, 3, 4, 5]
+    probes = [m.payload for m in node.fwd.received(lambda m: m.topic == PROBE)]
+    assert probes == [b"barrier-1", b""]    # the MQTT probes still come; no `cut:` one
 
 
 def test_message_expiry_is_what_remains_when_the_record_is_made(node):
@@ -359,7 +390,8 @@ def test_an_invalid_option_refuses_to_start(make_broker):
 def test_capture_is_valgrind_clean(make_broker, clients, request, tmp_path):
     """capture.c under valgrind: records of every QoS with properties, several and shared
     subscriptions of `.fwd`, acks (listed too), a resume, a reconnect, malformed input, the
-    bound, a QoS 2 message never released and records unacknowledged at shutdown."""
+    bound, barrier and cut markers, a QoS 2 message never released and records
+    unacknowledged at shutdown."""
     if shutil.which("valgrind") is None:
         pytest.fail("valgrind is not installed")
     vglog = tmp_path / "valgrind.log"
@@ -390,6 +422,15 @@ def test_capture_is_valgrind_clean(make_broker, clients, request, tmp_path):
     n.peer.send(b"MQFA\x01\x02\x00\x00" + struct.pack("<Q", 99))   # a seq never sent
     n.peer.wait_hellos(3, timeout=20)
     n.peer.resume(4)
+    # markers: a barrier token delivered to .fwd, a moving session's cut
+    assert n.sc.call("deliver", client=FWD_ID, topic=PROBE,
+                     payload=base64.b64encode(b"barrier-9").decode(), qos=1)["ok"]
+    mover = clients(RawClient("mover", port=n.b.port, clean_start=False, session_expiry=300))
+    mover.connect(timeout=20)
+    mover.subscribe("m/#", 1)
+    mover.disconnect()
+    n.sc.wait_type("disconnect", client="mover", timeout=20)
+    assert n.sc.call("hold", client="mover", on=True, cut=True)["ok"]
     big = b"x" * 30000
     for i in range(3):
         n.pub.publish("t/big", big, qos=i % 2)                     # the last is dropped

@@ -10,7 +10,8 @@ import time
 
 from tests.system.node.mqtt import Client
 
-SHARDS = {"MQFED_ROUTING_FORWARD_SHARDS": os.environ.get("TEST_SHARDS", "4")}
+SHARDS = {"MQFED_ROUTING_FORWARD_SHARDS": os.environ.get("TEST_SHARDS", "4"),
+          "MQFED_ROUTING_CAPTURE": "false"}  # (capture needs one forwarding connection)
 
 
 def test_four_forwarding_shards_route_like_one(cluster_factory):

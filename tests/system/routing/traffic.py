@@ -91,3 +91,20 @@ def check_contiguous(got: list[int]) -> None:
     bad = next((i for i in range(1, len(got)) if got[i] != got[i - 1] + 1), None)
     assert bad is None, (f"gap, duplicate or reorder in {len(got)} messages from {got[0]}: "
                          f"... {got[max(0, bad - 3):bad + 3]} ... at position {bad}")
+
+
+def publish_sequence(port: int, count: int, rate: float, topic: str,
+                     client_id: str = "seq-pub") -> threading.Thread:
+    """Publish payloads 0..count-1 at QoS 1 from one publisher, in a thread."""
+    def run() -> None:
+        pub = Client(port, f"{client_id}-{topic.replace('/', '-')}")
+        assert pub.wait_connected()
+        for i in range(count):
+            pub.publish(topic, str(i).encode(), qos=1, wait=False)
+            time.sleep(1.0 / rate)
+        time.sleep(1.0)
+        pub.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
