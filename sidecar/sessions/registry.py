@@ -413,10 +413,7 @@ class SessionRegistry:
         the client retries until it is one or the other."""
         owner = self.replica[client][0]
         if client in self.queueing and self._dead(owner, now_ms):
-            self._unreplicate(client, became_session=True)
-            self.held[client] = (record.connect_hlc, True)
-            self.counters["promoted"] += 1
-            return self._settle(client, now_ms)
+            return self._promote(client, record, now_ms)
         if owner not in self.up:
             return []
         self._unreplicate(client)
@@ -424,6 +421,23 @@ class SessionRegistry:
         self.busy[client] = "discard"
         self.holding.add(client)
         return [Hold(client, True), Discard(client, urgent=True)]
+
+    def _promote(self, client: str, record: SessionRecord, now_ms: int) -> list[Action]:
+        """The replica here becomes the session of `client`, whose owner is dead."""
+        self._unreplicate(client, became_session=True)
+        self.held[client] = (record.connect_hlc, True)
+        self.counters["promoted"] += 1
+        return self._settle(client, now_ms)
+
+    def _promotable(self, client: str, local: str | None, now_ms: int) -> bool:
+        """Its client tried this replica while the owner was down but not yet dead, and this
+        node's claim of it still holds: promoted once the owner is dead, so the client's next
+        try here gets in (it may not come back for long: a round-robin front sends it to the
+        other nodes in between, which keep it out under this claim)."""
+        copied = self.replica.get(client)
+        return (copied is not None and local == "session"
+                and client not in self.busy and client not in self.failed
+                and self.claims.admits(client, now_ms) and self._dead(copied[0], now_ms))
 
     def on_peers(self, up: set[str], now_ms: int, ordered: set[str] | None = None,
                  claimers: set[str] | None = None) -> list[Action]:
@@ -882,9 +896,7 @@ class SessionRegistry:
                 f for f, _ in copied[1] if (f, record.subscriptions.get(f)) not in subs))]
         dead = self._dead(record.owner, now_ms)
         if (not record.online or dead) and client not in self.queueing:
-            return self._release_replica(client, record.since_ms - self.margin_ms
-                                         if not record.online
-                                         else self._death_base(record.owner))
+            return self._release_replica(client, self._replica_base(record))
         if record.online and not dead and client in self.queueing:
             # its client is back on its owner, which delivered what this copy queued
             self.busy[client] = "discard"
@@ -931,6 +943,13 @@ class SessionRegistry:
         self.holding.discard(client)
         return [Hold(client, False, since_ms=since_ms)]
 
+    def _replica_base(self, record: SessionRecord) -> int:
+        """Where a released replica replays from: its client's disconnect (less the margin),
+        or for a client online on a dead owner, that owner's death."""
+        if not record.online:
+            return record.since_ms - self.margin_ms
+        return self._death_base(record.owner)
+
     def _death_base(self, owner: str) -> int:
         """Replay from here when a client was online on `owner`, now dead: what was in flight
         to it there, and what reached this replica before this node saw the stream go down
@@ -951,6 +970,11 @@ class SessionRegistry:
         record = self.records.get(client)
         local = self.presence.get(client)
         out: list[Action] = []
+        if record is not None and record.owner != self.node_id \
+                and self._promotable(client, local, now_ms):
+            if client not in self.queueing:  # (the owner's death releases it: here first)
+                out = self._release_replica(client, self._replica_base(record))
+            return out + self._promote(client, record, now_ms)
         if record is not None and record.owner == self.node_id and local == "session" \
                 and client in self.replica:
             out += self._adopt(client, record)
