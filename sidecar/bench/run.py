@@ -16,6 +16,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from sidecar.bench import targets
 from sidecar.bench.bridge import BridgePair
 from sidecar.bench.cluster import BenchCluster
 from sidecar.bench.load import ACK_TIMEOUT, LoadSpec, PublisherPool
@@ -210,6 +211,11 @@ def run(opts: BenchOptions, say: Callable[[str], None],
         if complaint:
             say(f"mqfed down: {complaint}")
     report.update(_compare(report["cases"]))
+    report["cpus"] = os.cpu_count() or 1
+    for case in report["cases"]:
+        case["broker_cpu_us"] = targets.broker_cpu_us(case)
+    report["targets"] = [asdict(ch) for ch in targets.checks(report["options"],
+                                                             report["cases"])]
     return report
 
 

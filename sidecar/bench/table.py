@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar.bench.targets import Check
+from sidecar.bench.targets import render as render_targets
+
 COLUMNS = (("sent", 7, "d"), ("unique", 7, "d"), ("lost", 6, "d"), ("duplicates", 5, "d"),
            ("out_of_order", 5, "d"), ("throughput", 9, ".0f"), ("p50_ms", 8, ".3f"),
            ("p99_ms", 8, ".3f"), ("max_ms", 8, ".3f"))
@@ -48,6 +51,7 @@ def render(report: dict[str, Any]) -> str:
             busiest = [f"{o['process']} {o['percent']:g}" for o in case.get("cpu_others", ())]
             text += f", others {others:g}" + (f" ({', '.join(busiest)})" if busiest else "")
         lines.append(f"  {case['case']}: {text}")
+    lines += _per_message(report)
     for case in report["cases"]:
         if "routing" in case:
             for node, counters in case["routing"].items():
@@ -61,4 +65,24 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"  {case['case']}: publisher error: {err}")
         for warning in case["log_warnings"]:
             lines.append(f"  {case['case']}: log: {warning}")
+    lines += render_targets([Check(**ch) for ch in report.get("targets", ())])
     return "\n".join(lines)
+
+
+def _per_message(report: dict[str, Any]) -> list[str]:
+    """Brokers' and sidecars' CPU per message, and each case's share of the whole machine."""
+    cpus = report.get("cpus")
+    lines = []
+    for case in report["cases"]:
+        parts = []
+        if case.get("broker_cpu_us") is not None:
+            parts.append(f"brokers and sidecars {case['broker_cpu_us']:g} us of CPU per message")
+        if cpus:
+            cpu = case["cpu_percent"]
+            ours = sum(v for k, v in cpu.items() if k not in ("publishers", "others"))
+            parts.append(f"of the machine's {cpus} cores: brokers, sidecars and subscriber "
+                         f"{ours / cpus:.0f} %, publishers {cpu.get('publishers', 0) / cpus:.0f}"
+                         f" %, others {cpu.get('others', 0) / cpus:.0f} %")
+        if parts:
+            lines.append(f"  {case['case']}: " + "; ".join(parts))
+    return lines
