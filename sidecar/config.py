@@ -228,11 +228,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               " room in the subscribers' queues, a slow subscriber's left out"
                               " (issue 25, docs/architecture.md \"The C bridge\"); false: one"
                               " PUBLISH per message on the forwarding connection"),
-        "capture": Key(bool, False, None, "the plugin hands this node's local publishes that"
+        "capture": Key(bool, True, None, "the plugin hands this node's local publishes that"
                        " peers want to the sidecar as records over a unix socket instead of"
                        " MQTT copies on the forwarding connection, naming their publisher"
                        " (No Local on other nodes; issue 25 slice 2, docs/architecture.md"
-                       " \"The C bridge\"); needs forward_shards 1"),
+                       " \"The C bridge\"); needs forward_shards 1 (left out by default"
+                       " with more shards)"),
     },
     "catchup": {
         "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"
@@ -386,6 +387,10 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
         raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
                           "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
     _check_etcd_access(values["membership"], where_file)
+    if values["routing"]["capture"] and values["routing"]["forward_shards"] > 1 \
+            and "capture" not in overrides.get("routing", {}) \
+            and "capture" not in data.get("routing", {}):
+        values["routing"]["capture"] = False  # the default gives way to the shards
     if values["routing"]["capture"] and values["routing"]["forward_shards"] > 1:
         raise ConfigError(f"{where_file}: routing.capture needs routing.forward_shards 1 (a"
                           " message a shard's and .fwd's filters match would reach the"

@@ -129,10 +129,15 @@ def test_etcd_access_settings(tmp_path: Path):
     assert load_etcd_access(local["membership"]).describe() == "plaintext, user 'u'"
 
 
-def test_capture_is_off_by_default_and_needs_one_forwarding_connection():
-    assert build_config({"node": {"id": "n1"}}, env={})["routing"]["capture"] is False
-    cfg = build_config({"node": {"id": "n1"}}, env={"MQFED_ROUTING_CAPTURE": "true"})
-    assert cfg["routing"]["capture"] is True
+def test_capture_is_on_by_default_and_needs_one_forwarding_connection():
+    assert build_config({"node": {"id": "n1"}}, env={})["routing"]["capture"] is True
+    cfg = build_config({"node": {"id": "n1"}}, env={"MQFED_ROUTING_CAPTURE": "false"})
+    assert cfg["routing"]["capture"] is False
+    # the default gives way to forwarding shards; asked for, it is refused with them
+    shards = {"node": {"id": "n1"}, "routing": {"forward_shards": 2}}
+    assert build_config(shards, env={})["routing"]["capture"] is False
+    with pytest.raises(ConfigError, match="routing.capture needs routing.forward_shards 1"):
+        build_config(shards, env={"MQFED_ROUTING_CAPTURE": "true"})
     with pytest.raises(ConfigError, match="routing.capture needs routing.forward_shards 1"):
         build_config({"node": {"id": "n1"}, "routing": {"capture": True, "forward_shards": 2}},
                      env={})
