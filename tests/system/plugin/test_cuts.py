@@ -78,7 +78,7 @@ def test_the_old_copy_records_what_it_queued_and_refuses_the_new_nodes_messages_
     fwd = forwarding(clients, broker)
     inject_ = Injector(sidecar)
     offline(client_factory, sidecar, "leaver", "o/#")     # recorded from its disconnect on
-    inject_(cut_record("leaver", "n4", 2, now_hlc()),      # the new node's cut
+    inject_(cut_record("leaver", "n4", 2, now_hlc(5)),     # the new node's cut
             cut_record("leaver", "n5", 1, now_hlc(-5000)))  # made before it left: ignored
     inject_(*msgs("n2", "o/a", [1, 2]), *msgs("n4", "o/c", [1, 2, 3]), *msgs("n5", "o/d", [1]))
     pub = client_factory("local-pub")
@@ -110,7 +110,9 @@ def test_a_cut_that_comes_before_its_client_left_waits_for_it(broker, sidecar, c
     c = client_factory("taken", session_expiry=300, clean_start=False)
     c.connect()
     c.subscribe("w/#", 1)
-    inject_(cut_record("taken", "n4", 3, now_hlc()))
+    # (the new node's connect, a few ms after this one: a cut in the very millisecond of the
+    # client's connect here is another move's, ignored, and the test failed when it was)
+    inject_(cut_record("taken", "n4", 3, now_hlc(5)))
     c.disconnect()
     sidecar.wait_type("disconnect", client="taken")
     inject_(*msgs("n4", "w/a", [2, 3, 4]))

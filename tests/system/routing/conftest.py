@@ -123,15 +123,20 @@ def _finish(path: Path, failed: bool) -> None:
     assert not left, f"processes of {path} still running: {left}"
 
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[Cluster]:
-    """One 3-node cluster for a whole test module (for many small independent checks)."""
+def module_cluster(env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A 3-node cluster (nodes get `env`), brought down after the module."""
     _need_plugin()
     path = _new_run_dir()
     try:
-        yield _start(path, 3)
+        yield _start(path, 3, env)
     finally:
         _finish(path, failed=False)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[Cluster]:
+    """One 3-node cluster for a whole test module (for many small independent checks)."""
+    yield from module_cluster()
 
 
 @pytest.fixture
