@@ -387,14 +387,14 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
         raise ConfigError(f"{where_file}: admin.tls uses the node's certificate: set "
                           "grpc.tls_cert, grpc.tls_key and grpc.tls_ca too")
     _check_etcd_access(values["membership"], where_file)
-    if values["routing"]["capture"] and values["routing"]["forward_shards"] > 1 \
-            and "capture" not in overrides.get("routing", {}) \
-            and "capture" not in data.get("routing", {}):
-        values["routing"]["capture"] = False  # the default gives way to the shards
     if values["routing"]["capture"] and values["routing"]["forward_shards"] > 1:
-        raise ConfigError(f"{where_file}: routing.capture needs routing.forward_shards 1 (a"
-                          " message a shard's and .fwd's filters match would reach the"
-                          " sidecar twice)")
+        if "capture" not in overrides.get("routing", {}) \
+                and "capture" not in data.get("routing", {}):
+            values["routing"]["capture"] = False  # the default gives way to the shards
+        else:
+            raise ConfigError(f"{where_file}: routing.capture needs routing.forward_shards 1"
+                              " (a message a shard's and .fwd's filters match would reach the"
+                              " sidecar twice)")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
                           ("grpc", "tls_ca"), ("membership", "etcd_ca"),

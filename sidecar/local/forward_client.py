@@ -76,8 +76,7 @@ def cut_marker(payload: bytes) -> CutMarker:
     """A cut probe's payload: `cut:<client>`, a new copy's followed by NUL and its client's
     connect time (decimal wall clock ms; an MQTT client id has no NUL)."""
     client, _, connect = payload[len(CUT_PREFIX):].partition(b"\0")
-    connect_ms = int(connect) if connect.isdigit() and len(connect) <= 15 else 0
-    return CutMarker(client.decode("utf-8", "replace"), connect_ms)
+    return CutMarker(client.decode("utf-8", "replace"), CutMarker.connect_ms_of(connect))
 
 
 def to_paho_properties(props: MessageProperties) -> Properties | None:

@@ -38,11 +38,6 @@ KIND_BARRIER = 4
 """A barrier marker in the capture stream (the plugin's `deliver` of a probe token to .fwd)."""
 
 
-def connect_ms(payload: bytes) -> int:
-    """A cut marker's connect time (0: not said)."""
-    return int(payload) if payload.isdigit() and len(payload) <= 15 else 0
-
-
 class CaptureIntake:
     """Listens for the plugin's records and hands them to `on_copies` in order."""
 
@@ -98,7 +93,7 @@ class CaptureIntake:
             self.markers += 1
             acks.on_settled(mid)
             if r.kind == KIND_CUT:
-                copies.append(CutMarker(r.client, connect_ms(r.payload)))
+                copies.append(CutMarker(r.client, CutMarker.connect_ms_of(r.payload)))
             elif r.kind == KIND_BARRIER:
                 tokens.append(r.payload)
             else:

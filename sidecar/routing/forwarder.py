@@ -51,6 +51,12 @@ class CutMarker:
     """A new copy's: when its client connected here (wall clock ms); 0: the old copy's own,
     or an older plugin's."""
 
+    @staticmethod
+    def connect_ms_of(text: bytes) -> int:
+        """A connect time as the plugin writes it in a cut (decimal wall clock ms); 0 if
+        `text` is not one."""
+        return int(text) if text.isdigit() and len(text) <= 15 else 0
+
 
 @dataclass(frozen=True)
 class Envelope:
