@@ -38,6 +38,7 @@ from sidecar.node.status import StatusWriter, node_status
 from sidecar.node.sync import PluginSync
 from sidecar.peering.handshake import (
     CAPABILITIES,
+    RECORDS,
     SESSION_CUTS,
     SESSION_CUTS_ANYWHERE,
     SESSIONS,
@@ -265,9 +266,10 @@ class Node:
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
                       grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
                       admin_address=cfg.advertised("admin"),
-                      # cuts need the identities batches give injected messages
+                      # cuts need the identities batches give injected messages;
+                      # records go to the plugin as batches
                       capabilities=CAPABILITIES if cfg["routing"]["inject_batches"]
-                      else CAPABILITIES - {SESSION_CUTS, SESSION_CUTS_ANYWHERE})
+                      else CAPABILITIES - {SESSION_CUTS, SESSION_CUTS_ANYWHERE, RECORDS})
         socket_path = self.layout.socket_path
         max_queued = max_queued_messages(cfg)
         window = broker_conf.forward_receive_maximum(max_queued)

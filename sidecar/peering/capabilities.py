@@ -15,6 +15,7 @@ from sidecar.peering.handshake import (
     CATCH_UP,
     DRAIN,
     INTEREST_CHUNKS,
+    RECORDS,
     RETAINED,
     SESSION_CLAIMS,
     SESSION_CUTS,
@@ -55,6 +56,8 @@ MISSING_MEANS: dict[str, str] = {
                            "goes only to the node that record names)",
     SESSION_CLAIMS: "a client that reconnects through both faster than a session record "
                     "travels may be admitted by both at once and get some messages twice",
+    RECORDS: "messages between them travel as envelopes, decoded and encoded again on the "
+             "receiving side (more CPU per message)",
     CATCH_UP: "a subscription counts on the other node only once it learnt of it (publishes "
               "there between the SUBACK and then are missed)",
 }

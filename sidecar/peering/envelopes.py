@@ -3,20 +3,32 @@
 Envelopes are serialized once, when they are queued; a batch frame is then assembled from the
 serialized envelopes by concatenation (protobuf's wire format makes a repeated field the
 concatenation of its elements), so the hot path never re-parses what it already encoded.
+
+A plain delivery is queued as its MQFB record instead (`queued_form`: `RECORD_MARK` and the
+record; a serialized envelope never starts with a zero byte), and goes in a frame of records
+(`MessageBatch.records`) to a peer that takes them, else as an envelope again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from sidecar._proto import peer_pb2
+from sidecar.local.batch import BatchError
 from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.interest import InterestDelta, InterestSnapshot
+from sidecar.routing.records import encode_wire_record, read_records, travels_as_record
 from sidecar.routing.table import InterestKey
+
+T = TypeVar("T")
 
 _FRAME_MESSAGE_BATCH = 6  # Frame.message_batch
 _BATCH_ENVELOPES = 1  # MessageBatch.envelopes
+_BATCH_RECORDS = 2  # MessageBatch.records
+RECORD_MARK = b"\x00"
+"""The first byte of a queued record (`queued_form`)."""
 
 
 def _varint(value: int) -> bytes:
@@ -52,9 +64,47 @@ def encode_envelope(env: Envelope) -> bytes:
     return msg.SerializeToString()
 
 
-def batch_frame(envelopes: Iterable[bytes]) -> bytes:
-    """A serialized `Frame{message_batch}` holding already serialized envelopes."""
-    inner = b"".join(_field(_BATCH_ENVELOPES, env) for env in envelopes)
+def queued_form(env: Envelope) -> bytes:
+    """What the outbound queue keeps for `env`: its record (marked) where it may travel as
+    one, else the serialized envelope."""
+    if travels_as_record(env):
+        try:
+            return RECORD_MARK + encode_wire_record(env)
+        except BatchError:
+            pass  # the record format cannot carry it: the envelope can say why on the far side
+    return encode_envelope(env)
+
+
+def is_record(data: bytes) -> bool:
+    """Whether a queued item is a record (`queued_form`)."""
+    return data[:1] == RECORD_MARK
+
+
+def same_form_runs(items: Sequence[T], data: Callable[[T], bytes]) -> list[list[T]]:
+    """`items` in order, split where they change between records and envelopes (a frame
+    carries one form: order holds)."""
+    out: list[list[T]] = []
+    last = None
+    for item in items:
+        form = is_record(data(item))
+        if form is not last:
+            out.append([])
+            last = form
+        out[-1].append(item)
+    return out
+
+
+def batch_frame(items: Iterable[bytes], records: bool = True) -> bytes:
+    """A serialized `Frame{message_batch}` of queued items of one form (`same_form_runs`):
+    envelopes as they are; records concatenated, or (`records` False: the peer does not take
+    them) each as an envelope again."""
+    items = list(items)
+    if items and is_record(items[0]):
+        if records:
+            inner = _field(_BATCH_RECORDS, b"".join([item[1:] for item in items]))
+            return _field(_FRAME_MESSAGE_BATCH, inner)
+        items = [encode_envelope(read_records(item[1:])[0].envelope()) for item in items]
+    inner = b"".join(_field(_BATCH_ENVELOPES, env) for env in items)
     return _field(_FRAME_MESSAGE_BATCH, inner)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "SESSION_CUTS_ANYWHERE",
     "SESSION_ORDER",
     "SESSION_REPLICAS",
+    "RECORDS",
     "WILLS",
     "implied",
 ]
@@ -90,9 +91,14 @@ SESSION_CLAIMS = "session-claims"
 """SessionClaim / SessionClaimed frames: a node admits a client whose session another node
 owns only once every peer granted its claim, and keeps the client out while another node's
 claim is in force (sidecar.sessions.claims)."""
+RECORDS = "records"
+"""The node takes plain messages as MQFB records (`MessageBatch.records`) and hands them to
+its plugin as they are (sidecar.routing.records). Listed only with `routing.inject_batches`
+on."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
                                           SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER,
-                                          SESSION_CUTS, SESSION_CUTS_ANYWHERE, SESSION_CLAIMS})
+                                          SESSION_CUTS, SESSION_CUTS_ANYWHERE, SESSION_CLAIMS,
+                                          RECORDS})
 """Optional features this version implements."""
 FLAGGED_SINCE = 3
 """From this minor on, a node lists every capability it has: nothing is implied."""

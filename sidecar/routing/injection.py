@@ -30,9 +30,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sidecar.local.batch import BatchError, Record, cut_record, encode_batch, encode_record
+from sidecar.local.batch import BatchError, encode_batch, encode_record
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.inject_room import GIVE_UP_AFTER, PROBE_AFTER, QueueRoom
+from sidecar.routing.records import WireRecord, record_of
 
 log = logging.getLogger("mqfed.routing")
 
@@ -41,23 +42,6 @@ WAKE_AFTER = 0.005          # seconds a batch waits for its reply before Mosquit
 MAX_BATCH_BYTES = 4 << 20   # well under Mosquitto's max_packet_size (16 MiB limit: ~28 MiB)
 MAX_BATCH_RECORDS = 10_000
 UNENCODABLE_LOG_EVERY = 10.0  # seconds between warnings about messages no batch can carry
-
-
-def origin_of(node: str, incarnation: int) -> str:
-    """How a batch record names where a message was first forwarded: the node and its
-    sidecar's incarnation (the forwarder's seqs start again with a new one)."""
-    return f"{node}/{incarnation}"
-
-
-def record_of(env: Envelope) -> Record:
-    """The batch record of a peer's message: named by its publisher (No Local) and by its
-    identity (origin and first seq: a moving session's cut mode), where it has them."""
-    origin = origin_of(env.origin_node, env.origin_incarnation)
-    if env.cut_client:
-        return cut_record(env.cut_client, origin, env.first_seq, env.hlc)
-    return Record(env.topic, env.payload, env.qos, seq=env.first_seq, hlc=env.hlc,
-                  client=env.publisher, properties=env.properties,
-                  origin=origin if env.first_seq else "")
 
 
 class Injector(Protocol):
@@ -70,7 +54,7 @@ class Injector(Protocol):
     def wake(self) -> None: ...
 
 
-Item = tuple[int, Envelope]   # (ticket, message)
+Item = tuple[int, Envelope | WireRecord]   # (ticket, message; a record as a peer sent it)
 
 
 class BatchInjection:
@@ -129,7 +113,8 @@ class BatchInjection:
             while pending and len(chunk) < limit:
                 env = pending[0][1]
                 try:
-                    rec = carried or encode_record(record_of(env))
+                    rec = carried or (env.data if isinstance(env, WireRecord)
+                                      else encode_record(record_of(env)))
                 except BatchError as exc:
                     self._drop(pending.popleft(), exc)
                     continue

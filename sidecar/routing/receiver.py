@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sidecar.hlc import MessageId
 from sidecar.peering.dedup import Deduplicator
 from sidecar.routing.forwarder import Envelope
+from sidecar.routing.records import WireRecord
 from sidecar.routing.shared import RoundRobin
 
 ACK_OK, ACK_QUEUED, ACK_REJECTED = 1, 2, 3
@@ -86,7 +87,7 @@ class Receiver:
             return Reinject(peer, env)
         return DeliverShared(peer, env, self.pick_member(env, members))
 
-    def refuse(self, peer: str, env: Envelope, now: float) -> list[Action]:
+    def refuse(self, peer: str, env: Envelope | WireRecord, now: float) -> list[Action]:
         """An accepted envelope that cannot be published here (`sidecar.message.
         publish_problem`): it goes no further, and its origin is told not to resend it."""
         self.counters["invalid"] += 1
@@ -104,8 +105,9 @@ class Receiver:
         """One local member of the envelope's shared group, round robin."""
         return self.members.pick((env.shared_group, env.shared_filter), members)
 
-    def on_reinjecting(self, ticket: int, peer: str, env: Envelope) -> None:
-        """`Reinject` was published as `ticket` (QoS > 0: its confirmation acks the origin)."""
+    def on_reinjecting(self, ticket: int, peer: str, env: Envelope | WireRecord) -> None:
+        """`Reinject` (or a peer's record) was published as `ticket` (QoS > 0: its confirmation
+        acks the origin)."""
         if env.qos:
             self._reinjecting[ticket] = (peer, env.origin_incarnation, env.origin_seq)
 

@@ -14,7 +14,8 @@ import gc
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,17 +25,19 @@ from sidecar._proto import peer_pb2
 from sidecar.admin.trace import TraceRecorder, trace_id
 from sidecar.config import TOMBSTONE_GRACE
 from sidecar.hlc import HybridClock, MessageId
+from sidecar.local.batch import BatchError
 from sidecar.local.events import CommandFailed, RetainedSeen
 from sidecar.local.forward_shards import ForwardShards
 from sidecar.local.pressure import Backpressure, Report, shed_threshold
 from sidecar.local.shards import mid_range
-from sidecar.message import publish_problem
+from sidecar.message import publish_problem, topic_problem
 from sidecar.observability.hops import HopRecorder, hops_folder
 from sidecar.observability.latency import LatencyHistogram
 from sidecar.peering import envelopes as peer_frames
 from sidecar.peering.handshake import (
     DRAIN,
     INTEREST_CHUNKS,
+    RECORDS,
     RETAINED,
     SESSION_CUTS,
     SESSION_CUTS_ANYWHERE,
@@ -81,6 +84,7 @@ from sidecar.routing.receiver import (
     Receiver,
     SendAcks,
 )
+from sidecar.routing.records import WireRecord, read_records
 from sidecar.routing.table import InterestChange, SubscriptionTable
 
 log = logging.getLogger("mqfed.routing")
@@ -186,7 +190,7 @@ class RoutingService(CatchUpWiring):
         self._tasks: list[asyncio.Task] = []
         self._counters = {"qos0_dropped": 0, "queue_refused": 0, "unroutable": 0,
                           "shared_member_gone": 0, "too_large": 0, "cuts": 0,
-                          "cuts_not_here": 0}
+                          "cuts_not_here": 0, "records_sent": 0, "records_received": 0}
         self._too_large_logged = -TOO_LARGE_LOG_EVERY
         self._invalid_logged = -TOO_LARGE_LOG_EVERY
         self.peer_sent: dict[str, int] = {}  # messages per peer (metrics, admin status)
@@ -436,7 +440,11 @@ class RoutingService(CatchUpWiring):
     def on_frame(self, peer: str, frame: peer_pb2.Frame, inbound: bool) -> None:
         kind = frame.WhichOneof("body")
         if kind == "message_batch":
-            self._on_envelopes(peer, frame.message_batch.envelopes)
+            batch = frame.message_batch
+            if batch.envelopes:
+                self._on_envelopes(peer, batch.envelopes)
+            if batch.records:
+                self._on_records(peer, batch.records)
         elif kind == "ack_batch":
             self._on_acks(peer, frame.ack_batch.acks)
         elif kind == "interest_snapshot":
@@ -603,7 +611,7 @@ class RoutingService(CatchUpWiring):
             if isinstance(action, QueueEnvelope):
                 self._queue(action.peer, action.envelope, now)
             elif isinstance(action, SendEnvelope):
-                data = peer_frames.encode_envelope(action.envelope)
+                data = peer_frames.queued_form(action.envelope)
                 if self._fits(action.peer, action.envelope, len(data)):
                     self._qos0.setdefault(action.peer, []).append(data)
             elif isinstance(action, AckLocal):
@@ -638,7 +646,7 @@ class RoutingService(CatchUpWiring):
 
     def _queue(self, peer: str, env: Envelope, now: float) -> None:
         queue = self.queues[peer]
-        data = peer_frames.encode_envelope(env)
+        data = peer_frames.queued_form(env)
         if not self._fits(peer, env, len(data)):
             self._run_forward(self.forwarder.on_rejected(peer, env.origin_seq))
             return
@@ -706,11 +714,13 @@ class RoutingService(CatchUpWiring):
         """Send what is due: QoS 0 batches, queued batches, acks."""
         self._flush_scheduled = False
         for peer, envs in self._qos0.items():
+            records = self._takes_records(peer)
             for chunk in _chunks(envs, BATCH_BYTES):
-                if not self._send(peer, peer_frames.batch_frame(chunk)):
-                    self._counters["qos0_dropped"] += len(chunk)
-                else:
-                    self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(chunk)
+                for run in peer_frames.same_form_runs(chunk, bytes):
+                    if not self._send(peer, peer_frames.batch_frame(run, records)):
+                        self._counters["qos0_dropped"] += len(run)
+                    else:
+                        self._sent(peer, len(run), records and peer_frames.is_record(run[0]))
         self._qos0.clear()
         now = time.monotonic()
         for peer, queue in self.queues.items():
@@ -721,18 +731,29 @@ class RoutingService(CatchUpWiring):
             # write join the next frame, so frames grow with the load (fewer, larger writes)
             if self.transport.busy(peer) or self._lingers(peer, queue, now):
                 continue
+            records = self._takes_records(peer)
             while not self.transport.busy(peer) and budget >= 1:
                 batch = queue.next_batch(int(min(BATCH_MESSAGES, budget)), BATCH_BYTES)
                 if not batch:
                     break
                 budget -= len(batch)
-                frame = peer_frames.batch_frame(m.data for m in batch)
-                if len(frame) > self.transport.max_message_bytes:  # queued before a limit
-                    self._drop_queued(peer, queue, batch)
-                    continue
-                self._send(peer, frame)
-                self.peer_sent[peer] = self.peer_sent.get(peer, 0) + len(batch)
+                for run in peer_frames.same_form_runs(batch, attrgetter("data")):
+                    frame = peer_frames.batch_frame([m.data for m in run], records)
+                    if len(frame) > self.transport.max_message_bytes:  # queued before a limit
+                        self._drop_queued(peer, queue, run)
+                        continue
+                    self._send(peer, frame)
+                    self._sent(peer, len(run), records and peer_frames.is_record(run[0].data))
             self.pacing.spent(peer, budget, now)
+
+    def _sent(self, peer: str, count: int, as_records: bool) -> None:
+        self.peer_sent[peer] = self.peer_sent.get(peer, 0) + count
+        if as_records:
+            self._counters["records_sent"] += count
+
+    def _takes_records(self, peer: str) -> bool:
+        """Whether `peer` takes plain messages as records (else they go as envelopes)."""
+        return RECORDS in (self.transport.capabilities(peer) or ())
 
     def _send(self, peer: str, frame: bytes) -> bool:
         """Send a frame; one that is too large (a bug: batches are checked) is counted and
@@ -794,7 +815,8 @@ class RoutingService(CatchUpWiring):
                 continue
             if not msg.cut_client:  # (a cut carries its client's connect time)
                 self.hop_latency.observe(now_ms - (msg.hlc >> 16))
-            trace = self._trace_received(peer, msg, now_ms) if msg.user_properties else None
+            trace = (self._trace_received(peer, ((p.key, p.value) for p in msg.user_properties),
+                                          msg.hlc, now_ms) if msg.user_properties else None)
             env = peer_frames.decode_envelope(msg)
             if env.cut_client:  # a moving session's cut: into the plugin in order
                 if batch is None:
@@ -838,10 +860,66 @@ class RoutingService(CatchUpWiring):
         if batch:
             self.injection.send(batch)
 
-    def _reinject_each(self, items: list[tuple[int, Envelope]]) -> None:
+    def _on_records(self, peer: str, data: bytes) -> None:
+        """A peer's plain messages as records (capability `records`): deduplicated, checked
+        and handed to the plugin as they came; no envelope is made."""
+        now = time.monotonic()
+        now_ms = time.time() * 1000
+        receiver = self.receiver
+        try:
+            records = read_records(data)
+            if self.injection is None:
+                raise BatchError("records, but this node does not take them")
+        except BatchError as exc:  # nothing of the frame is acked: a bug of its origin's
+            receiver.counters["invalid"] += 1
+            self._log_invalid(peer, f"malformed records: {exc}", now)
+            return
+        self.peer_received[peer] = self.peer_received.get(peer, 0) + len(records)
+        self._counters["records_received"] += len(records)
+        batch: list[tuple[int, Envelope | WireRecord]] = []
+        for rec in records:
+            mid = MessageId(rec.origin_node, rec.origin_incarnation, rec.origin_seq)
+            first, actions = receiver.accept(peer, mid, rec.qos, now)
+            if not first:
+                self._run_receive(actions)
+                continue
+            self.hop_latency.observe(now_ms - (rec.hlc >> 16))
+            problem, trace = topic_problem(rec.topic), None
+            if rec.props and problem is None:
+                try:
+                    props = rec.properties
+                except BatchError as exc:
+                    problem = f"properties: {exc}"
+                else:
+                    problem = publish_problem(rec.topic, rec.qos, props)
+                    if props.user and problem is None:
+                        trace = self._trace_received(peer, props.user, rec.hlc, now_ms)
+            if problem is not None:
+                self._run_receive(receiver.refuse(peer, rec, now))
+                self._log_invalid(peer, problem, now)
+                continue
+            receiver.counters["reinjected"] += 1
+            ticket = self.injection.ticket()
+            batch.append((ticket, rec))
+            receiver.on_reinjecting(ticket, peer, rec)
+            if self.hops is not None:
+                env = rec.envelope()
+                origin = (rec.origin_node, rec.origin_incarnation, rec.origin_seq)
+                self._hop("received", env.topic, env.payload, env.qos, peer, origin)
+                self.hops.expect_ack(ticket, self._hop("reinjected", env.topic, env.payload,
+                                                       env.qos, peer, origin))
+            if trace is not None:
+                self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
+                if rec.qos:
+                    self.tracer.expect_ack(ticket, trace)
+        if batch:
+            self.injection.send(batch)
+
+    def _reinject_each(self, items: list[tuple[int, Envelope | WireRecord]]) -> None:
         """A batch the plugin did not take: message by message on the forwarding client
         (each under a new ticket; the batch's tickets are then confirmed with them)."""
-        for old, env in items:
+        for old, item in items:
+            env = item.envelope() if isinstance(item, WireRecord) else item
             try:
                 ticket = self.forward_client.publish(env.topic, env.payload, env.qos,
                                                      env.properties)
@@ -861,11 +939,12 @@ class RoutingService(CatchUpWiring):
                         problem, extra={"peer": peer,
                                         "invalid": self.receiver.counters["invalid"]})
 
-    def _trace_received(self, peer: str, msg: peer_pb2.Envelope, now_ms: float) -> str | None:
-        trace = trace_id((p.key, p.value) for p in msg.user_properties)
+    def _trace_received(self, peer: str, user: Iterable[tuple[str, str]], hlc: int,
+                        now_ms: float) -> str | None:
+        trace = trace_id(user)
         if trace is not None:
             self.tracer.record(trace, "received", now_ms, peer,
-                               f"{now_ms - (msg.hlc >> 16):.1f} ms after the origin stamped it")
+                               f"{now_ms - (hlc >> 16):.1f} ms after the origin stamped it")
         return trace
 
     def _on_published(self, tickets: list[int]) -> None:

@@ -33,7 +33,7 @@ from sidecar.local.protocol import DEFAULT_SIDECAR_ID
 from sidecar.peering.handshake import SESSION_CLAIMS, SESSION_CUTS, SESSION_ORDER
 from sidecar.peering.transport import FrameTooLarge
 from sidecar.routing.forwarder import Envelope
-from sidecar.routing.injection import origin_of
+from sidecar.routing.records import origin_of
 from sidecar.sessions import wire
 from sidecar.sessions.claims import CLAIM_MS
 from sidecar.sessions.cuts import MoveCuts, OldCopyCuts

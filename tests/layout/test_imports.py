@@ -108,6 +108,7 @@ CORES = {
     "sidecar.wills.record", "sidecar.wills.table", "sidecar.wills.liveness",
     "sidecar.drain.progress", "sidecar.peering.capabilities",
     "sidecar.journal.record", "sidecar.journal.confirmations",
+    "sidecar.routing.records", "sidecar.local.batch",
 }
 """Sans-IO cores: fed events, returning actions; no sockets, threads, files or sleeping."""
 VOCABULARY = {"sidecar.local.events", "sidecar.local.protocol", "sidecar.membership.view"}

@@ -12,6 +12,7 @@ from sidecar.peering.handshake import (
     CATCH_UP,
     DRAIN,
     INTEREST_CHUNKS,
+    RECORDS,
     RETAINED,
     SESSION_CLAIMS,
     SESSION_CUTS,
@@ -48,9 +49,10 @@ def test_every_frame_body_of_a_feature_names_its_capability():
     # session-replicas, session-order, session-cuts(-anywhere) and catch-up have no frame of
     # their own (catch-up is a field of interest entries, session-order one of session
     # backlogs, session-cuts fields of envelopes and backlogs: an older node ignores them;
-    # session-cuts-anywhere says who may get a cut envelope)
+    # session-cuts-anywhere says who may get a cut envelope; records is a field of message
+    # batches, sent only to a peer that lists it: an older node would drop it unread)
     assert set(FRAME_FIELDS.values()) | {SESSION_REPLICAS, CATCH_UP, SESSION_ORDER,
-                                         SESSION_CUTS, SESSION_CUTS_ANYWHERE} \
+                                         SESSION_CUTS, SESSION_CUTS_ANYWHERE, RECORDS} \
         == CAPABILITIES \
         == set(MISSING_MEANS)
 
@@ -79,10 +81,11 @@ def test_a_1_1_peer_gets_retained_and_session_frames_but_no_wills():
     assert old.capabilities == {INTEREST_CHUNKS, RETAINED, SESSIONS}
     assert features_off(old.capabilities) == sorted({WILLS, SESSION_REPLICAS, DRAIN, CATCH_UP,
                                                      SESSION_ORDER, SESSION_CUTS,
-                                                     SESSION_CUTS_ANYWHERE, SESSION_CLAIMS})
+                                                     SESSION_CUTS_ANYWHERE, SESSION_CLAIMS,
+                                                     RECORDS})
     assert accept(2, frozenset({INTEREST_CHUNKS, WILLS})).capabilities == \
         CAPABILITIES - {DRAIN, CATCH_UP, SESSION_ORDER, SESSION_CUTS, SESSION_CUTS_ANYWHERE,
-                        SESSION_CLAIMS}
+                        SESSION_CLAIMS, RECORDS}
     assert accept(0, frozenset()).capabilities == frozenset()
 
 

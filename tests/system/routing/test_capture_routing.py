@@ -44,8 +44,8 @@ def _props(i: int) -> Properties:
 def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_factory):
     """A publisher on n1, subscribers on n2 and n3 (one per QoS: Mosquitto 2.0.11 may
     reorder one client's QoS 1 and QoS 2 deliveries, capture or not): every message arrives
-    once, in order, with its properties, and n1's sidecar got them as records (no MQTT
-    copies on `.fwd`)."""
+    once, in order, with its properties, n1's sidecar got them as records (no MQTT copies on
+    `.fwd`) and sent them on as records."""
     cluster = cluster_factory(3, env=CAPTURE)
     subs = {}
     for node in ("n2", "n3"):
@@ -89,6 +89,11 @@ def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_facto
     wait_for(lambda: _capture(cluster, "n1")["pending"] == 0, 10, "every record settled")
     assert _capture(cluster, "n1")["acked"] >= 3 * count
     assert cluster.routing("n1")["fwd"]["unacked"] == 0
+    # between nodes as records too (capability `records`): nothing decoded into an envelope
+    assert cluster.routing("n1")["records_sent"] >= 3 * count
+    for node in ("n2", "n3"):
+        assert cluster.routing(node)["records_received"] >= 2 * count
+        assert cluster.routing(node)["invalid"] == 0
     pub.close()
     for sub in subs.values():
         sub.close()
