@@ -228,6 +228,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               " room in the subscribers' queues, a slow subscriber's left out"
                               " (issue 25, docs/architecture.md \"The C bridge\"); false: one"
                               " PUBLISH per message on the forwarding connection"),
+        "records": Key(bool, True, None, "send peers that take them plain messages as the"
+                       " records their plugin re-injects (MessageBatch.records: nothing"
+                       " decoded or encoded again on their side; issue 25); false: as"
+                       " envelopes"),
         "capture": Key(bool, True, None, "the plugin hands this node's local publishes that"
                        " peers want to the sidecar as records over a unix socket instead of"
                        " MQTT copies on the forwarding connection, naming their publisher"

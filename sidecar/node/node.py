@@ -295,6 +295,7 @@ class Node:
                               catchup_margin=cfg["catchup"]["margin"],
                               catchup_bytes=cfg["catchup"]["max_bytes"],
                               inject_batches=cfg["routing"]["inject_batches"],
+                              send_records=cfg["routing"]["records"],
                               capture_socket=(self.layout.capture_socket
                                               if cfg["routing"]["capture"] else None))
 

@@ -64,10 +64,10 @@ def encode_envelope(env: Envelope) -> bytes:
     return msg.SerializeToString()
 
 
-def queued_form(env: Envelope) -> bytes:
+def queued_form(env: Envelope, records: bool = True) -> bytes:
     """What the outbound queue keeps for `env`: its record (marked) where it may travel as
-    one, else the serialized envelope."""
-    if travels_as_record(env):
+    one (and `records`: this node sends records), else the serialized envelope."""
+    if records and travels_as_record(env):
         try:
             return RECORD_MARK + encode_wire_record(env)
         except BatchError:

@@ -150,6 +150,7 @@ class RoutingService(CatchUpWiring):
 
                  catchup_window: float = 5.0, catchup_margin: float = 0.05,
                  catchup_bytes: int = 16 << 20, inject_batches: bool = True,
+                 send_records: bool = True,
                  capture_socket: Path | None = None) -> None:
         """`capture_socket`: where the plugin hands over captured records (issue 25, slice
         2, `routing.capture`; None: `.fwd`'s MQTT copies only)."""
@@ -206,6 +207,7 @@ class RoutingService(CatchUpWiring):
                                                   on_published=self._on_published,
                                                   on_connected=self._on_fwd_connected)
         fwd = self.forward_client
+        self.send_records = send_records
         self.injection = (BatchInjection(fwd, self._on_published, self._reinject_each,
                                          fwd.max_queued) if inject_batches else None)
         self.backpressure = Backpressure(shed_threshold(fwd.receive_maximum, shed_above))
@@ -611,7 +613,7 @@ class RoutingService(CatchUpWiring):
             if isinstance(action, QueueEnvelope):
                 self._queue(action.peer, action.envelope, now)
             elif isinstance(action, SendEnvelope):
-                data = peer_frames.queued_form(action.envelope)
+                data = peer_frames.queued_form(action.envelope, self.send_records)
                 if self._fits(action.peer, action.envelope, len(data)):
                     self._qos0.setdefault(action.peer, []).append(data)
             elif isinstance(action, AckLocal):
@@ -646,7 +648,7 @@ class RoutingService(CatchUpWiring):
 
     def _queue(self, peer: str, env: Envelope, now: float) -> None:
         queue = self.queues[peer]
-        data = peer_frames.queued_form(env)
+        data = peer_frames.queued_form(env, self.send_records)
         if not self._fits(peer, env, len(data)):
             self._run_forward(self.forwarder.on_rejected(peer, env.origin_seq))
             return
@@ -753,7 +755,7 @@ class RoutingService(CatchUpWiring):
 
     def _takes_records(self, peer: str) -> bool:
         """Whether `peer` takes plain messages as records (else they go as envelopes)."""
-        return RECORDS in (self.transport.capabilities(peer) or ())
+        return self.send_records and RECORDS in (self.transport.capabilities(peer) or ())
 
     def _send(self, peer: str, frame: bytes) -> bool:
         """Send a frame; one that is too large (a bug: batches are checked) is counted and
