@@ -189,29 +189,40 @@ def decode_batch(data: bytes) -> tuple[int, list[Record]]:
         raise BatchError("not an MQFB batch")
     if version != VERSION:
         raise BatchError(f"batch version {version}, expected {VERSION}")
-    pos, records = _HEADER.size, []
-    for i in range(count):
-        if pos + _FIXED.size > len(data):
+    pos, records, total = _HEADER.size, [], len(data)
+    fixed, u16, u32 = _FIXED.unpack_from, _U16.unpack_from, _U32.unpack_from
+    for i in range(count):  # (lean: on the capture path once per message)
+        if pos + _FIXED.size > total:
             raise BatchError(f"record {i}: shorter than a record header")
-        length, kind, flags, seq, hlc = _FIXED.unpack_from(data, pos)
+        length, kind, flags, seq, hlc = fixed(data, pos)
         end = pos + 4 + length
-        if end > len(data) or length < 30:
+        if end > total or length < 30:
             raise BatchError(f"record {i}: length {length} does not fit")
         if flags & ~(7 | FLAG_ORIGIN) or (flags & 3) == 3:
             raise BatchError(f"record {i}: bad flags 0x{flags:02x}")
         p = pos + _FIXED.size
-        raw, p = _take(data, p, end, 2, "topic length")
-        topic, p = _take(data, p, end, _U16.unpack(raw)[0], "topic")
-        raw, p = _take(data, p, end, 2, "client length")
-        client, p = _take(data, p, end, _U16.unpack(raw)[0], "client id")
-        origin = b""
-        if flags & FLAG_ORIGIN:
-            raw, p = _take(data, p, end, 2, "origin length")
-            origin, p = _take(data, p, end, _U16.unpack(raw)[0], "origin")
-        raw, p = _take(data, p, end, 4, "properties length")
-        props, p = _take(data, p, end, _U32.unpack(raw)[0], "properties")
-        raw, p = _take(data, p, end, 4, "payload length")
-        payload, p = _take(data, p, end, _U32.unpack(raw)[0], "payload")
+        try:
+            n = u16(data, p)[0]
+            topic = data[p + 2:p + 2 + n]
+            p += 2 + n
+            n = u16(data, p)[0]
+            client = data[p + 2:p + 2 + n]
+            p += 2 + n
+            origin = b""
+            if flags & FLAG_ORIGIN:
+                n = u16(data, p)[0]
+                origin = data[p + 2:p + 2 + n]
+                p += 2 + n
+            n = u32(data, p)[0]
+            props = data[p + 4:p + 4 + n]
+            p += 4 + n
+            n = u32(data, p)[0]
+            payload = data[p + 4:p + 4 + n]
+            p += 4 + n
+        except struct.error:
+            p = end + 1
+        if p > end:
+            raise BatchError(f"record {i}: a field runs past its record")
         if p != end:
             raise BatchError(f"record {i}: {end - p} bytes after its payload")
         records.append(Record(

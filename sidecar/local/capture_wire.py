@@ -60,6 +60,15 @@ class CapturedBatch(NamedTuple):
     records: list[Record]
     raw: bytes
 
+    def record_bytes(self) -> list[bytes]:
+        """Each record's own bytes, in order (`records` as the plugin wrote them)."""
+        out, pos, raw = [], HEADER_SIZE, self.raw
+        for _ in self.records:
+            end = pos + 4 + _U32.unpack_from(raw, pos)[0]
+            out.append(raw[pos:end])
+            pos = end
+        return out
+
 
 def encode_hello(epoch: int, next_seq: int) -> bytes:
     return _HELLO.pack(HELLO_MAGIC, VERSION, 0, 0, epoch, next_seq)

@@ -79,7 +79,7 @@ class CaptureIntake:
         tokens: list[bytes] = []
         acks = self.acks
         confirmations = self._confirmations()
-        for r in batch.records:
+        for r, raw in zip(batch.records, batch.record_bytes(), strict=True):
             mid = acks.on_record(r.seq)
             if mid is None:
                 continue
@@ -88,7 +88,7 @@ class CaptureIntake:
                 if r.qos and confirmations is not None:
                     confirmations.on_copy(mid, r.topic, r.payload)
                 copies.append(LocalCopy(mid, r.topic, r.payload, r.qos, r.retain, r.properties,
-                                        publisher=r.client, captured=True))
+                                        publisher=r.client, captured=True, record=raw))
                 continue
             self.markers += 1
             acks.on_settled(mid)

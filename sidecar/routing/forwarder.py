@@ -22,9 +22,11 @@ from sidecar.routing.interest import RemoteInterest
 from sidecar.routing.table import InterestKey
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LocalCopy:
-    """One message copy delivered to the forwarding client by the local Mosquitto."""
+    """One message copy delivered to the forwarding client by the local Mosquitto (not
+    changed once made; not frozen: a frozen dataclass costs five times as much to make, once
+    per message on the hot path)."""
 
     mid: int
     topic: str
@@ -38,6 +40,8 @@ class LocalCopy:
     captured: bool = False
     """Captured by the plugin (one record per message, plain subscriptions only: issue 25,
     slice 2), not a copy Mosquitto queued for a forwarding subscription."""
+    record: bytes = b""
+    """A captured copy's record as the plugin wrote it (a peer's record reuses its bytes)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,10 @@ class CutMarker:
         return int(text) if text.isdigit() and len(text) <= 15 else 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Envelope:
-    """A message on its way to a peer (the adapter turns it into `peer.proto`'s Envelope)."""
+    """A message on its way to a peer (the adapter turns it into `peer.proto`'s Envelope);
+    not changed once made (`dataclasses.replace` makes a changed copy)."""
 
     origin_node: str
     origin_incarnation: int
@@ -82,6 +87,8 @@ class Envelope:
     `origin_node`, its identity for a moving session's cut mode."""
     cut_client: str = ""
     """Not a message: this origin's cut for `cut_client`'s move (at its own seq)."""
+    record: bytes = b""
+    """The captured record it came as, if any (`sidecar.routing.records.with_identity`)."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ class Forwarder:
         for peer, group, shared_filter in targets:
             env = Envelope(self.node_id, self.incarnation, seq, hlc, copy.topic, copy.payload,
                            copy.qos, copy.retain, copy.properties, group, shared_filter,
-                           publisher=copy.publisher, first_seq=seq)
+                           publisher=copy.publisher, first_seq=seq, record=copy.record)
             actions.append(SendEnvelope(peer, env) if copy.qos == 0 else QueueEnvelope(peer, env))
         for key in local:  # as Mosquitto would have, had it picked a local member
             self.local_shared += 1

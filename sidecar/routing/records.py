@@ -59,8 +59,29 @@ def travels_as_record(env: Envelope) -> bool:
 
 def encode_wire_record(env: Envelope) -> bytes:
     """`env` as a record for the wire (`travels_as_record` must hold); BatchError if the
-    record format cannot carry it."""
+    record format cannot carry it. A captured message's record is reused: its bytes with
+    the forwarder's identity put in (`with_identity`), nothing encoded again."""
+    if env.record:
+        return with_identity(env.record, origin_of(env.origin_node, env.origin_incarnation),
+                             env.origin_seq, env.hlc)
     return encode_record(record_of(env))
+
+
+def with_identity(record: bytes, origin: str, seq: int, hlc: int) -> bytes:
+    """A captured record (a plain message, no origin) as `origin`'s message `seq` at `hlc`:
+    what `record_of` makes of the same message (its retain flag dropped)."""
+    length, kind, flags, _seq, _hlc = _FIXED.unpack_from(record)
+    if kind != KIND_MESSAGE or flags & FLAG_ORIGIN or length + 4 != len(record):
+        raise BatchError("not a captured message's record")
+    p = _FIXED.size
+    p += 2 + _U16.unpack_from(record, p)[0]   # topic
+    p += 2 + _U16.unpack_from(record, p)[0]   # client
+    name = origin.encode()
+    if len(name) > 0xFFFF:
+        raise BatchError("origin longer than 65,535 bytes")
+    return b"".join((_FIXED.pack(length + 2 + len(name), KIND_MESSAGE,
+                                 (flags & 3) | FLAG_ORIGIN, seq, hlc),
+                     record[_FIXED.size:p], _U16.pack(len(name)), name, record[p:]))
 
 
 class WireRecord(NamedTuple):

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.local.batch import BatchError, cut_record, decode_batch, encode_batch, encode_record
+from sidecar.local.batch import (
+    BatchError,
+    Record,
+    cut_record,
+    decode_batch,
+    encode_batch,
+    encode_record,
+)
 from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import Envelope
 from sidecar.routing.records import (
@@ -16,6 +23,7 @@ from sidecar.routing.records import (
     read_records,
     record_of,
     travels_as_record,
+    with_identity,
 )
 
 PROPS = MessageProperties(user=(("n", "1"), ("k", "v"), ("n", "2")), content_type="text/plain",
@@ -111,3 +119,27 @@ def test_records_round_trip(topic, payload, qos, user, seq, incarnation):
             properties=MessageProperties(user=user))
     [rec] = read_records(encode_wire_record(e))
     assert rec.envelope() == e
+
+
+@settings(max_examples=200, deadline=None)
+@given(topic=st.text(min_size=1, max_size=40).filter(lambda t: "\x00" not in t),
+       payload=st.binary(max_size=300), qos=st.integers(0, 2), retain=st.booleans(),
+       client=st.text(max_size=20).filter(lambda t: "\x00" not in t),
+       expiry=st.none() | st.integers(0, 2**32 - 1), seq=st.integers(1, 2**63))
+def test_a_captured_record_with_the_forwarders_identity_is_the_record_it_would_encode(
+        topic, payload, qos, retain, client, expiry, seq):
+    props = MessageProperties(user=(("k", "v"),), message_expiry=expiry)
+    captured = encode_record(Record(topic, payload, qos, retain, seq=77, hlc=5 << 16,
+                                    client=client, properties=props))
+    e = env(seq, topic=topic, payload=payload, qos=qos, publisher=client, properties=props)
+    spliced = encode_wire_record(env(seq, topic=topic, payload=payload, qos=qos,
+                                     publisher=client, properties=props, record=captured))
+    assert spliced == encode_wire_record(e)
+    assert read_records(spliced)[0].envelope() == e
+
+
+def test_only_a_captured_message_record_takes_an_identity():
+    with pytest.raises(BatchError, match="captured"):
+        with_identity(encode_record(cut_record("c", "n1/1", 5)), "n1/2", 1, 0)
+    with pytest.raises(BatchError, match="captured"):
+        with_identity(encode_wire_record(env()), "n1/2", 1, 0)   # has an origin already
