@@ -105,8 +105,8 @@ def test_mixed_versions_route_both_ways_and_an_upgrade_node_by_node_loses_nothin
              for p in s.get("peers", [])}
     old = links[("n3", "n1")]
     assert old["protocol"] == "1.1"
-    assert old["features_off"] == ["catch-up", "drain", "session-claims", "session-cuts",
-                                   "session-cuts-anywhere", "session-order",
+    assert old["features_off"] == ["catch-up", "drain", "records", "session-claims",
+                                   "session-cuts", "session-cuts-anywhere", "session-order",
                                    "session-replicas", "wills"]
     text = mqfed("ctl", "--node", cluster.admin("n3"), "status").stdout
     assert "mixed versions" in text and "neither publishes the other's wills" in text

@@ -1,0 +1,147 @@
+"""Slice 3 probe (issue 25): a hop made by a thread of the plugin against a Mosquitto bridge
+(not part of the default test run; the probe is not part of the product).
+
+    make -C deploy/mosquitto-plugin probes
+    .venv/bin/python -m tests.system.plugin.bench_thread_forward --rate 2000 --seconds 10
+    .venv/bin/python -m tests.system.plugin.bench_thread_forward --messages 50000
+    .venv/bin/python -m tests.system.plugin.bench_thread_forward --valgrind --rate 500 --seconds 3
+
+Two pairs of stock Mosquitto brokers, A → B: one joined by a plain bridge (`bench/#` out at
+the bench's QoS), one by the probe plugin on A (`probes/thread_forward.c`: the MESSAGE
+callback copies, the TICK wakes the plugin's thread, which publishes to B). Cases, with
+`mqfed bench`'s load generator and subscriber (`sidecar.bench.run.run_case`):
+a = publisher and subscriber on the bridge's A (the same-node baseline), c = the bridge,
+p = the probe; in the order given by `--cases`, every run printed. With `--valgrind`, the
+probe's broker A runs under valgrind and its report is checked. Every process is stopped by
+PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from sidecar.bench import run as bench_run
+from sidecar.bench.bridge import COMMON, BridgePair, mosquitto_binary
+from sidecar.devcluster.net import port_open
+from sidecar.devcluster.procs import ProcRef, spawn, stop, tail
+
+PROBE = Path(__file__).resolve().parents[3] / "deploy/mosquitto-plugin/build/probes/" \
+    "thread_forward.so"
+PLUGIN_LINES = """\
+plugin {probe}
+plugin_opt_probe_filter bench/#
+plugin_opt_probe_host 127.0.0.1
+plugin_opt_probe_port {peer}
+"""
+VALGRIND = ["valgrind", "--error-exitcode=99", "--leak-check=full",
+            "--errors-for-leak-kinds=definite", "--log-file={log}"]
+
+
+class ProbePair:
+    """Broker B, then broker A with the probe forwarding to B; `start()`, then `stop()`."""
+
+    def __init__(self, run_dir: Path, port_a: int, port_b: int, valgrind: bool) -> None:
+        self.run_dir, self.port_a, self.port_b, self.valgrind = run_dir, port_a, port_b, valgrind
+        self.refs: dict[str, ProcRef] = {}
+
+    def _start(self, name: str, port: int, extra: str, wrap: list[str]) -> None:
+        conf = self.run_dir / f"{name}.conf"
+        conf.write_text(COMMON.format(port=port) + extra)
+        log = self.run_dir / f"{name}.log"
+        popen, ref = spawn([*wrap, mosquitto_binary(), "-c", str(conf)], log, (str(conf),))
+        self.refs[name] = ref
+        deadline = time.monotonic() + (60 if wrap else 10)
+        while not port_open(port):
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"probe broker {name} did not start; {log}:\n{tail(log)}")
+            time.sleep(0.05)
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.chmod(0o755)
+        self._start("b", self.port_b, "", [])
+        wrap = [w.format(log=self.run_dir / "valgrind.log") for w in VALGRIND] \
+            if self.valgrind else []
+        self._start("a", self.port_a, PLUGIN_LINES.format(probe=PROBE, peer=self.port_b), wrap)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {f"probe {name}": ref.pid for name, ref in self.refs.items()}
+
+    def logs(self) -> list[Path]:
+        return [self.run_dir / f"{name}.log" for name in ("a", "b")]
+
+    def stop(self) -> None:
+        stop(list(self.refs.values()), timeout=60)
+
+    def valgrind_errors(self) -> int:
+        text = (self.run_dir / "valgrind.log").read_text()
+        found = re.search(r"ERROR SUMMARY: (\d+) errors", text)
+        if found is None:
+            raise RuntimeError(f"no valgrind summary in {self.run_dir / 'valgrind.log'}")
+        return int(found.group(1))
+
+
+def _brokers_us(case: dict) -> float:
+    pct = sum(v for k, v in case["cpu_percent"].items() if k.startswith(("bridge ", "probe ")))
+    return pct * 1e4 / case["throughput"] if case.get("throughput") else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=0.0, help="msgs/s in all (0: flat out)")
+    parser.add_argument("--messages", type=int, default=None)
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--cases", default="acp")
+    parser.add_argument("--base-port", type=int, default=31300)
+    parser.add_argument("--valgrind", action="store_true")
+    args = parser.parse_args()
+    if not PROBE.exists():
+        raise SystemExit(f"{PROBE} is missing: make -C deploy/mosquitto-plugin probes")
+    messages = args.messages if args.messages or args.seconds else 20000
+    run_dir = Path(tempfile.mkdtemp(prefix="mqfed-probe-", dir="/tmp"))
+    opts = bench_run.BenchOptions(run_dir=run_dir, base_port=args.base_port, rate=args.rate,
+                                  messages=messages, seconds=args.seconds)
+    bench_run.TITLES.setdefault("p", "probe: plugin thread (A -> B)")  # this script's case
+    bridge = BridgePair(run_dir / "bridge", args.base_port, args.base_port + 1, opts.qos)
+    probe = ProbePair(run_dir / "probe", args.base_port + 2, args.base_port + 3, args.valgrind)
+    rows = []
+    try:
+        bridge.start()
+        probe.start()
+        for key in args.cases:
+            target = {"a": bench_run.Target("a", bridge.port_a, bridge.port_a),
+                      "c": bench_run.Target("c", bridge.port_a, bridge.port_b),
+                      "p": bench_run.Target("p", probe.port_a, probe.port_b)}[key]
+            pair = probe if key == "p" else bridge
+            pids = probe.pids if key == "p" else {f"bridge {k}": v for k, v in
+                                                   bridge.pids.items()}
+            rows.append(bench_run.run_case(opts, target, pids, pair.logs()))
+    finally:
+        bridge.stop()
+        probe.stop()
+    print(f"{messages or '-'} messages, rate {args.rate or 'flat out'}, QoS 1, 100 B, "
+          f"1 publisher (run dir {run_dir})")
+    print("case                                 sent   recv  lost  dup   msgs/s  p50 ms  "
+          "p99 ms  brokers us/msg")
+    base = next((r for r in rows if r["case"] == "a"), None)
+    for r in rows:
+        print(f"{r['case']}  {r['title']:<32} {r['sent']:>6} {r['received']:>6} {r['lost']:>5}"
+              f" {r['duplicates']:>4} {r['throughput']:>8.0f} {r['p50_ms']:>7.3f}"
+              f" {r['p99_ms']:>7.3f}  {_brokers_us(r):>8.1f}")
+        if base is not None and r is not base:
+            print(f"   hop ({r['case']} - a): p50 +{r['p50_ms'] - base['p50_ms']:.3f} ms,"
+                  f" p99 +{r['p99_ms'] - base['p99_ms']:.3f} ms; cpu {r['cpu_percent']}")
+    if args.valgrind:
+        errors = probe.valgrind_errors()
+        print(f"valgrind (probe broker A): {errors} errors")
+        if errors:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
