@@ -50,6 +50,12 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct msg *head, *tail;     /* under lock */
 static bool signal_due;             /* Mosquitto's thread only */
 static atomic_bool stopping;
+static bool tick_mode;              /* plugin_opt_probe_mode tick: no thread, sent at TICK */
+static int tick_fd = -1;            /* tick mode: the connection, non-blocking once up */
+static struct buf_pending { uint8_t *data; size_t len, cap; } tick_out;
+static uint8_t tick_in[4096];
+static size_t tick_have;
+static uint16_t tick_mid;
 static atomic_ulong n_copied, n_sent, n_acked;
 
 static void free_list(struct msg *m)
@@ -95,11 +101,17 @@ static int on_message(int event, void *event_data, void *userdata)
 	return MOSQ_ERR_SUCCESS;
 }
 
+static void tick_send(void);
+
 static int on_tick(int event, void *event_data, void *userdata)
 {
 	(void)event;
 	(void)event_data;
 	(void)userdata;
+	if(tick_mode){
+		tick_send();
+		return MOSQ_ERR_SUCCESS;
+	}
 	if(signal_due){
 		signal_due = false;
 		if(write(wake_pipe[1], "w", 1) < 0 && errno != EAGAIN){
@@ -237,6 +249,54 @@ static void read_acks(int fd, uint8_t *in, size_t *have)
 	*have -= pos;
 }
 
+/* the PUBLISH packets of `list` appended to `out` (the list freed) */
+static void encode_list(struct msg *list, struct buf *out, uint16_t *mid)
+{
+	struct msg *m;
+
+	for(m = list; m; m = m->next){
+		size_t tlen = strlen(m->topic);
+		buf_put(out, m->qos ? "\x32" : "\x30", 1);
+		put_varint(out, (uint32_t)(2 + tlen + (m->qos ? 2 : 0) + m->len));
+		put_u16(out, (uint16_t)tlen);
+		buf_put(out, m->topic, tlen);
+		if(m->qos){
+			if(++*mid == 0) *mid = 1;
+			put_u16(out, *mid);
+		}
+		buf_put(out, m->payload, m->len);
+		atomic_fetch_add(&n_sent, 1);
+	}
+	free_list(list);
+}
+
+/* tick mode: Mosquitto's own thread writes what it can without blocking, keeps the rest for
+ * the next TICK, and reads the PUBACKs there (they only count) */
+static void tick_send(void)
+{
+	struct buf out = {tick_out.data, tick_out.len, tick_out.cap};
+	struct msg *list;
+
+	if(tick_fd < 0){
+		tick_fd = dial();   /* (blocking once, at the first TICK: a probe) */
+		if(tick_fd < 0) return;
+		fcntl(tick_fd, F_SETFL, fcntl(tick_fd, F_GETFL) | O_NONBLOCK);
+	}
+	read_acks(tick_fd, tick_in, &tick_have);
+	list = head;
+	head = tail = NULL;
+	encode_list(list, &out, &tick_mid);
+	while(out.len){
+		ssize_t w = write(tick_fd, out.data, out.len);
+		if(w <= 0) break;   /* EAGAIN: the rest at the next TICK */
+		memmove(out.data, out.data + w, out.len - (size_t)w);
+		out.len -= (size_t)w;
+	}
+	tick_out.data = out.data;
+	tick_out.len = out.len;
+	tick_out.cap = out.cap;
+}
+
 static void *run(void *arg)
 {
 	struct buf out = {0};
@@ -252,7 +312,7 @@ static void *run(void *arg)
 	}
 	while(!atomic_load(&stopping) && fd >= 0){
 		struct pollfd p[2] = {{.fd = wake_pipe[0], .events = POLLIN}, {.fd = fd, .events = POLLIN}};
-		struct msg *list, *m;
+		struct msg *list;
 
 		if(poll(p, 2, -1) < 0 && errno != EINTR) break;
 		if(p[1].revents) read_acks(fd, in, &have);
@@ -263,20 +323,7 @@ static void *run(void *arg)
 		head = tail = NULL;
 		pthread_mutex_unlock(&lock);
 		out.len = 0;
-		for(m = list; m; m = m->next){
-			size_t tlen = strlen(m->topic);
-			buf_put(&out, m->qos ? "\x32" : "\x30", 1);
-			put_varint(&out, (uint32_t)(2 + tlen + (m->qos ? 2 : 0) + m->len));
-			put_u16(&out, (uint16_t)tlen);
-			buf_put(&out, m->topic, tlen);
-			if(m->qos){
-				if(++mid == 0) mid = 1;
-				put_u16(&out, mid);
-			}
-			buf_put(&out, m->payload, m->len);
-			atomic_fetch_add(&n_sent, 1);
-		}
-		free_list(list);
+		encode_list(list, &out, &mid);
 		if(out.len && !write_all(fd, out.data, out.len)) break;
 	}
 	free(out.data);
@@ -303,6 +350,7 @@ EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userd
 		if(!strcmp(options[i].key, "probe_filter")) filter = strdup(options[i].value);
 		else if(!strcmp(options[i].key, "probe_host")) host = strdup(options[i].value);
 		else if(!strcmp(options[i].key, "probe_port")) port = atoi(options[i].value);
+		else if(!strcmp(options[i].key, "probe_mode")) tick_mode = !strcmp(options[i].value, "tick");
 	}
 	if(filter == NULL || host == NULL || port <= 0 || port > 65535){
 		mosquitto_log_printf(MOSQ_LOG_ERR, "probe: needs plugin_opt_probe_filter, _host, _port");
@@ -314,8 +362,10 @@ EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userd
 		fcntl(wake_pipe[i], F_SETFL, fl | O_NONBLOCK);
 	}
 	atomic_store(&stopping, false);
-	if(pthread_create(&thread, NULL, run, NULL) != 0) return MOSQ_ERR_UNKNOWN;
-	thread_started = true;
+	if(!tick_mode){
+		if(pthread_create(&thread, NULL, run, NULL) != 0) return MOSQ_ERR_UNKNOWN;
+		thread_started = true;
+	}
 	mosquitto_callback_register(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL, NULL);
 	mosquitto_callback_register(plugin_id, MOSQ_EVT_TICK, on_tick, NULL, NULL);
 	return MOSQ_ERR_SUCCESS;
@@ -338,6 +388,11 @@ EXPORT int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *option
 			atomic_load(&n_copied), atomic_load(&n_sent), atomic_load(&n_acked));
 	free_list(head);
 	head = tail = NULL;
+	if(tick_fd >= 0) close(tick_fd);
+	tick_fd = -1;
+	free(tick_out.data);
+	tick_out.data = NULL;
+	tick_out.len = tick_out.cap = 0;
 	for(int i = 0; i < 2; i++){
 		if(wake_pipe[i] >= 0) close(wake_pipe[i]);
 		wake_pipe[i] = -1;

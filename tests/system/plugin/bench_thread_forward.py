@@ -11,7 +11,9 @@ the bench's QoS), one by the probe plugin on A (`probes/thread_forward.c`: the M
 callback copies, the TICK wakes the plugin's thread, which publishes to B). Cases, with
 `mqfed bench`'s load generator and subscriber (`sidecar.bench.run.run_case`):
 a = publisher and subscriber on the bridge's A (the same-node baseline), c = the bridge,
-p = the probe; in the order given by `--cases`, every run printed. With `--valgrind`, the
+p = the probe with its thread, t = the probe writing from Mosquitto's own thread at each TICK
+(no thread, no wake; `plugin_opt_probe_mode tick`); in the order given by `--cases`, every
+run printed. With `--valgrind`, the
 probe's broker A runs under valgrind and its report is checked. Every process is stopped by
 PID.
 """
@@ -36,7 +38,10 @@ plugin {probe}
 plugin_opt_probe_filter bench/#
 plugin_opt_probe_host 127.0.0.1
 plugin_opt_probe_port {peer}
+plugin_opt_probe_mode {mode}
 """
+TITLES = {"a": "same broker (the bridge's A)", "c": "Mosquitto bridge (A -> B)",
+          "p": "probe: plugin thread (A -> B)", "t": "probe: sent at TICK (A -> B)"}
 VALGRIND = ["valgrind", "--error-exitcode=99", "--leak-check=full",
             "--errors-for-leak-kinds=definite", "--log-file={log}"]
 
@@ -44,8 +49,10 @@ VALGRIND = ["valgrind", "--error-exitcode=99", "--leak-check=full",
 class ProbePair:
     """Broker B, then broker A with the probe forwarding to B; `start()`, then `stop()`."""
 
-    def __init__(self, run_dir: Path, port_a: int, port_b: int, valgrind: bool) -> None:
+    def __init__(self, run_dir: Path, port_a: int, port_b: int, valgrind: bool,
+                 mode: str) -> None:
         self.run_dir, self.port_a, self.port_b, self.valgrind = run_dir, port_a, port_b, valgrind
+        self.mode = mode
         self.refs: dict[str, ProcRef] = {}
 
     def _start(self, name: str, port: int, extra: str, wrap: list[str]) -> None:
@@ -66,7 +73,8 @@ class ProbePair:
         self._start("b", self.port_b, "", [])
         wrap = [w.format(log=self.run_dir / "valgrind.log") for w in VALGRIND] \
             if self.valgrind else []
-        self._start("a", self.port_a, PLUGIN_LINES.format(probe=PROBE, peer=self.port_b), wrap)
+        self._start("a", self.port_a, PLUGIN_LINES.format(probe=PROBE, peer=self.port_b,
+                                                             mode=self.mode), wrap)
 
     @property
     def pids(self) -> dict[str, int]:
@@ -96,7 +104,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="msgs/s in all (0: flat out)")
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None)
-    parser.add_argument("--cases", default="acp")
+    parser.add_argument("--cases", default="acpt")
     parser.add_argument("--base-port", type=int, default=31300)
     parser.add_argument("--valgrind", action="store_true")
     args = parser.parse_args()
@@ -106,24 +114,33 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="mqfed-probe-", dir="/tmp"))
     opts = bench_run.BenchOptions(run_dir=run_dir, base_port=args.base_port, rate=args.rate,
                                   messages=messages, seconds=args.seconds)
-    bench_run.TITLES.setdefault("p", "probe: plugin thread (A -> B)")  # this script's case
     bridge = BridgePair(run_dir / "bridge", args.base_port, args.base_port + 1, opts.qos)
-    probe = ProbePair(run_dir / "probe", args.base_port + 2, args.base_port + 3, args.valgrind)
+    probes = {"p": ProbePair(run_dir / "probe", args.base_port + 2, args.base_port + 3,
+                             args.valgrind, "thread"),
+              "t": ProbePair(run_dir / "tick", args.base_port + 4, args.base_port + 5,
+                             args.valgrind, "tick")}
     rows = []
     try:
         bridge.start()
-        probe.start()
+        for key, probe in probes.items():
+            if key in args.cases:
+                probe.start()
         for key in args.cases:
-            target = {"a": bench_run.Target("a", bridge.port_a, bridge.port_a),
-                      "c": bench_run.Target("c", bridge.port_a, bridge.port_b),
-                      "p": bench_run.Target("p", probe.port_a, probe.port_b)}[key]
-            pair = probe if key == "p" else bridge
-            pids = probe.pids if key == "p" else {f"bridge {k}": v for k, v in
-                                                   bridge.pids.items()}
+            if key in probes:
+                pair = probes[key]
+                target = bench_run.Target(key, pair.port_a, pair.port_b)
+                pids = pair.pids
+            else:
+                pair = bridge
+                target = bench_run.Target(key, bridge.port_a,
+                                          bridge.port_a if key == "a" else bridge.port_b)
+                pids = {f"bridge {k}": v for k, v in bridge.pids.items()}
+            bench_run.TITLES[key] = TITLES[key]   # run_case names its case from there
             rows.append(bench_run.run_case(opts, target, pids, pair.logs()))
     finally:
         bridge.stop()
-        probe.stop()
+        for probe in probes.values():
+            probe.stop()
     print(f"{messages or '-'} messages, rate {args.rate or 'flat out'}, QoS 1, 100 B, "
           f"1 publisher (run dir {run_dir})")
     print("case                                 sent   recv  lost  dup   msgs/s  p50 ms  "
@@ -137,9 +154,9 @@ def main() -> None:
             print(f"   hop ({r['case']} - a): p50 +{r['p50_ms'] - base['p50_ms']:.3f} ms,"
                   f" p99 +{r['p99_ms'] - base['p99_ms']:.3f} ms; cpu {r['cpu_percent']}")
     if args.valgrind:
-        errors = probe.valgrind_errors()
-        print(f"valgrind (probe broker A): {errors} errors")
-        if errors:
+        errors = {k: p.valgrind_errors() for k, p in probes.items() if k in args.cases}
+        print(f"valgrind (probe brokers A): {errors} errors")
+        if any(errors.values()):
             raise SystemExit(1)
 
 
