@@ -180,6 +180,39 @@ def decode_properties(data: bytes) -> MessageProperties:
     return MessageProperties(**fields)
 
 
+def record_fields(data: bytes, pos: int, end: int, flags: int
+                  ) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """The topic, client id, origin (b"" without `FLAG_ORIGIN`) and properties of the record
+    at `pos` that ends at `end` (its header read: `flags`), and where its payload starts;
+    BatchError if its lengths do not add up to `end`."""
+    u16, u32 = _U16.unpack_from, _U32.unpack_from
+    p = pos + _FIXED.size
+    try:
+        n = u16(data, p)[0]
+        topic = data[p + 2:p + 2 + n]
+        p += 2 + n
+        n = u16(data, p)[0]
+        client = data[p + 2:p + 2 + n]
+        p += 2 + n
+        origin = b""
+        if flags & FLAG_ORIGIN:
+            n = u16(data, p)[0]
+            origin = data[p + 2:p + 2 + n]
+            p += 2 + n
+        n = u32(data, p)[0]
+        props = data[p + 4:p + 4 + n]
+        p += 4 + n
+        payload_at = p + 4
+        p += 4 + u32(data, p)[0]
+    except struct.error:
+        p = end + 1
+    if p > end:
+        raise BatchError("a field runs past its record")
+    if p != end:
+        raise BatchError(f"{end - p} bytes after its payload")
+    return topic, client, origin, props, payload_at
+
+
 def decode_batch(data: bytes) -> tuple[int, list[Record]]:
     """(batch id, records) of a batch; a BatchError says what is wrong."""
     if len(data) < _HEADER.size:
@@ -190,41 +223,20 @@ def decode_batch(data: bytes) -> tuple[int, list[Record]]:
     if version != VERSION:
         raise BatchError(f"batch version {version}, expected {VERSION}")
     pos, records, total = _HEADER.size, [], len(data)
-    fixed, u16, u32 = _FIXED.unpack_from, _U16.unpack_from, _U32.unpack_from
     for i in range(count):  # (lean: on the capture path once per message)
         if pos + _FIXED.size > total:
             raise BatchError(f"record {i}: shorter than a record header")
-        length, kind, flags, seq, hlc = fixed(data, pos)
+        length, kind, flags, seq, hlc = _FIXED.unpack_from(data, pos)
         end = pos + 4 + length
         if end > total or length < 30:
             raise BatchError(f"record {i}: length {length} does not fit")
         if flags & ~(7 | FLAG_ORIGIN) or (flags & 3) == 3:
             raise BatchError(f"record {i}: bad flags 0x{flags:02x}")
-        p = pos + _FIXED.size
         try:
-            n = u16(data, p)[0]
-            topic = data[p + 2:p + 2 + n]
-            p += 2 + n
-            n = u16(data, p)[0]
-            client = data[p + 2:p + 2 + n]
-            p += 2 + n
-            origin = b""
-            if flags & FLAG_ORIGIN:
-                n = u16(data, p)[0]
-                origin = data[p + 2:p + 2 + n]
-                p += 2 + n
-            n = u32(data, p)[0]
-            props = data[p + 4:p + 4 + n]
-            p += 4 + n
-            n = u32(data, p)[0]
-            payload = data[p + 4:p + 4 + n]
-            p += 4 + n
-        except struct.error:
-            p = end + 1
-        if p > end:
-            raise BatchError(f"record {i}: a field runs past its record")
-        if p != end:
-            raise BatchError(f"record {i}: {end - p} bytes after its payload")
+            topic, client, origin, props, at = record_fields(data, pos, end, flags)
+        except BatchError as exc:
+            raise BatchError(f"record {i}: {exc}") from None
+        payload = data[at:end]
         records.append(Record(
             _utf8(topic, "topic"), payload, flags & 3, bool(flags & 4), seq, hlc,
             _utf8(client, "client id"), decode_properties(props) if props else NO_PROPERTIES,

@@ -22,6 +22,7 @@ from sidecar.local.batch import (
     cut_record,
     decode_properties,
     encode_record,
+    record_fields,
 )
 from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import Envelope
@@ -127,48 +128,38 @@ def read_records(data: bytes) -> list[WireRecord]:
     out: list[WireRecord] = []
     origins: dict[bytes, tuple[str, int]] = {}
     pos, total = 0, len(data)
-    fixed, u16, u32 = _FIXED.unpack_from, _U16.unpack_from, _U32.unpack_from
-    try:
-        while pos < total:
-            length, kind, flags, seq, hlc = fixed(data, pos)
-            end = pos + 4 + length
-            if end > total or length < _MIN_LENGTH:
-                raise BatchError(f"record at {pos}: length {length} does not fit")
-            if kind != KIND_MESSAGE or flags & ~_FLAGS or flags & 3 == 3 \
-                    or not flags & FLAG_ORIGIN:
-                raise BatchError(f"record at {pos}: kind {kind}, flags 0x{flags:02x}: not a "
-                                 "plain message with an origin")
-            p = pos + 22
-            n = u16(data, p)[0]
-            topic = data[p + 2:p + 2 + n]
-            p += 2 + n
-            n = u16(data, p)[0]
-            client = data[p + 2:p + 2 + n]
-            p += 2 + n
-            n = u16(data, p)[0]
-            origin_raw = data[p + 2:p + 2 + n]
-            p += 2 + n
-            n = u32(data, p)[0]
-            props = data[p + 4:p + 4 + n]
-            p += 4 + n
-            p += 4 + u32(data, p)[0]
-            if p != end:
-                raise BatchError(f"record at {pos}: its fields do not add up to its length")
-            origin = origins.get(origin_raw)
-            if origin is None:
-                origin = origins[origin_raw] = _origin(origin_raw)
-            out.append(WireRecord(data[pos:end], origin[0], origin[1], seq, hlc, flags & 3,
-                                  topic.decode(), client.decode(), props))
-            pos = end
-    except struct.error as exc:
-        raise BatchError(f"record at {pos} runs past the end") from exc
-    except UnicodeDecodeError as exc:
-        raise BatchError(f"record at {pos}: topic or client id is not UTF-8") from exc
+    while pos < total:
+        if pos + _FIXED.size > total:
+            raise BatchError(f"record at {pos} runs past the end")
+        length, kind, flags, seq, hlc = _FIXED.unpack_from(data, pos)
+        end = pos + 4 + length
+        if end > total or length < _MIN_LENGTH:
+            raise BatchError(f"record at {pos}: length {length} does not fit")
+        if kind != KIND_MESSAGE or flags & ~_FLAGS or flags & 3 == 3 or not flags & FLAG_ORIGIN:
+            raise BatchError(f"record at {pos}: kind {kind}, flags 0x{flags:02x}: not a "
+                             "plain message with an origin")
+        try:
+            topic, client, origin_raw, props, _ = record_fields(data, pos, end, flags)
+        except BatchError as exc:
+            raise BatchError(f"record at {pos}: {exc}") from None
+        origin = origins.get(origin_raw)
+        if origin is None:
+            origin = origins[origin_raw] = _origin(origin_raw)
+        try:
+            text, publisher = topic.decode(), client.decode()
+        except UnicodeDecodeError:
+            raise BatchError(f"record at {pos}: topic or client id is not UTF-8") from None
+        out.append(WireRecord(data[pos:end], origin[0], origin[1], seq, hlc, flags & 3,
+                              text, publisher, props))
+        pos = end
     return out
 
 
 def _origin(raw: bytes) -> tuple[str, int]:
-    node, _, incarnation = raw.decode().rpartition("/")
+    try:
+        node, _, incarnation = raw.decode().rpartition("/")
+    except UnicodeDecodeError:
+        raise BatchError(f"origin {raw!r} is not UTF-8") from None
     if not node or not incarnation.isdigit():
         raise BatchError(f"origin {raw!r} is not node/incarnation")
     return node, int(incarnation)

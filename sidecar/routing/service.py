@@ -850,15 +850,7 @@ class RoutingService(CatchUpWiring):
                 ticket = self.forward_client.publish(env.topic, env.payload, env.qos,
                                                      env.properties)
             receiver.on_reinjecting(ticket, peer, env)
-            if self.hops is not None:
-                origin = (msg.origin_node, msg.origin_incarnation, msg.origin_seq)
-                self._hop("received", env.topic, env.payload, env.qos, peer, origin)
-                self.hops.expect_ack(ticket, self._hop("reinjected", env.topic, env.payload,
-                                                       env.qos, peer, origin))
-            if trace is not None:
-                self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
-                if env.qos:
-                    self.tracer.expect_ack(ticket, trace)
+            self._observe(peer, ticket, env, trace)
         if batch:
             self.injection.send(batch)
 
@@ -904,18 +896,24 @@ class RoutingService(CatchUpWiring):
             ticket = self.injection.ticket()
             batch.append((ticket, rec))
             receiver.on_reinjecting(ticket, peer, rec)
-            if self.hops is not None:
-                env = rec.envelope()
-                origin = (rec.origin_node, rec.origin_incarnation, rec.origin_seq)
-                self._hop("received", env.topic, env.payload, env.qos, peer, origin)
-                self.hops.expect_ack(ticket, self._hop("reinjected", env.topic, env.payload,
-                                                       env.qos, peer, origin))
-            if trace is not None:
-                self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
-                if rec.qos:
-                    self.tracer.expect_ack(ticket, trace)
+            self._observe(peer, ticket, rec, trace)
         if batch:
             self.injection.send(batch)
+
+    def _observe(self, peer: str, ticket: int, item: Envelope | WireRecord,
+                 trace: str | None) -> None:
+        """A re-injection's hop records (`observability.hops`, when on) and its trace (a
+        traced message)."""
+        if self.hops is not None:
+            env = item.envelope() if isinstance(item, WireRecord) else item
+            origin = (env.origin_node, env.origin_incarnation, env.origin_seq)
+            self._hop("received", env.topic, env.payload, env.qos, peer, origin)
+            self.hops.expect_ack(ticket, self._hop("reinjected", env.topic, env.payload,
+                                                   env.qos, peer, origin))
+        if trace is not None:
+            self.tracer.record(trace, "reinjected", time.time() * 1000, peer)
+            if item.qos:
+                self.tracer.expect_ack(ticket, trace)
 
     def _reinject_each(self, items: list[tuple[int, Envelope | WireRecord]]) -> None:
         """A batch the plugin did not take: message by message on the forwarding client

@@ -85,11 +85,13 @@ def _mangle(data: bytes, offset: int, fmt: str, value: int) -> bytes:
     (_mangle(encode_wire_record(env()), 5, "<B", 1), "not a plain message"),   # no origin
     (_mangle(encode_wire_record(env()), 22, "<H", 4), "runs past"),            # topic length
     (_mangle(encode_wire_record(env()) + b"\x00", 0, "<I",
-             len(encode_wire_record(env())) - 3), "do not add up"),          # a byte too many
+             len(encode_wire_record(env())) - 3), "bytes after its payload"),   # a byte too many
     (encode_record(cut_record("c", "n1/1", 5)), "not a plain message"),
     (encode_record(record_of(env(first_seq=0, seq=0))), "not a plain message"),
     (encode_wire_record(env(origin_node="n1", origin_incarnation=1)).replace(b"n1/1", b"n1/x"),
      "not node/incarnation"),
+    (encode_wire_record(env(origin_node="n\u00e9")).replace("n\u00e9".encode(), b"n\xff\xfe"),
+     "origin .* is not UTF-8"),
     (encode_wire_record(env(topic="\u00e9")).replace("\u00e9".encode(), b"\xff\xfe"),
      "not UTF-8"),
 ])
