@@ -274,25 +274,33 @@ def test_a_release_in_the_loop_iteration_of_an_injection_keeps_publish_order(
     """A batch the plugin injected in the iteration whose tick releases a live hold is queued
     ahead of the hold's replay (Mosquitto routes plugin publishes in order at the next
     iteration): the hold keeps refusing, and keeping, until a tick with no injection before
-    it, so the injected message comes after what the hold kept."""
-    c = _mover(client_factory, sidecar, "racer", "lv/r")
-    _publish(client_factory, "lv/r", ["L1", "L2"])
-    wait_for(lambda: sidecar.call("stats")["ring_messages"] == 2, 5, "kept")
+    it, so the injected message comes after what the hold kept. The broker is stopped while
+    both are sent, so that they usually share its next loop iteration; when they did not (a
+    loaded machine: failed so once in CI) the round is tried again, at most three times."""
     fwd = clients(Client(SIDECAR_ID + ".fwd", sock=broker.sock, username=SIDECAR_USER,
                          password=SECRET, clean_start=False, session_expiry=3600))
     fwd.connect()
-    broker.proc.send_signal(signal.SIGSTOP)  # both arrive in one loop iteration
-    try:
-        sidecar.send({"v": 1, "id": "race", "reply": REPLIES + "race",
-                      "cmd": "hold", "client": "racer", "on": False})
-        fwd.publish(INJECT_TOPIC, encode_batch(7, [Record("lv/r", b"I1", 1)]), qos=0)
-        time.sleep(0.3)
-    finally:
-        broker.proc.send_signal(signal.SIGCONT)
-    got = c.wait_messages(lambda m: m.topic == "lv/r", count=3)
-    assert [m.payload.decode() for m in got] == ["L1", "L2", "I1"]
-    stats = sidecar.call("stats")
-    assert stats["held"] == 0 and stats["replays_waited"] >= 1, stats
+    for attempt in range(3):
+        name, topic = f"racer{attempt}", f"lv/r{attempt}"
+        c = _mover(client_factory, sidecar, name, topic)
+        _publish(client_factory, topic, ["L1", "L2"])
+        wait_for(lambda: sidecar.call("stats")["ring_messages"] == 2, 5, "kept")
+        waited = sidecar.call("stats")["replays_waited"]
+        broker.proc.send_signal(signal.SIGSTOP)  # both arrive in one loop iteration
+        try:
+            sidecar.send({"v": 1, "id": f"race{attempt}", "reply": REPLIES + "race",
+                          "cmd": "hold", "client": name, "on": False})
+            fwd.publish(INJECT_TOPIC, encode_batch(7, [Record(topic, b"I1", 1)]), qos=0)
+            time.sleep(0.3)
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+        got = c.wait_messages(lambda m, t=topic: m.topic == t, count=3)
+        assert [m.payload.decode() for m in got] == ["L1", "L2", "I1"]
+        stats = sidecar.call("stats")
+        assert stats["held"] == 0, stats
+        if stats["replays_waited"] > waited:
+            return  # the release waited for a tick without an injection: the case tested
+    pytest.fail("in three rounds the release and the injection never shared a loop iteration")
 
 
 def test_a_live_hold_keeps_for_its_client_offline_again_and_grants_group_picks(
