@@ -29,7 +29,6 @@ from sidecar.routing.forwarder import Envelope
 
 _FIXED = struct.Struct("<IBBQQ")   # length, kind, flags, seq, hlc (sidecar.local.batch)
 _U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
 _MIN_LENGTH = 18 + 2 + 2 + 2 + 4 + 4   # after the length: an empty record with an origin
 _FLAGS = 3 | 4 | FLAG_ORIGIN
 
@@ -106,20 +105,11 @@ class WireRecord(NamedTuple):
 
     def envelope(self) -> Envelope:
         """The same message as an envelope (a peer without `records`, a fallback)."""
-        payload = self.data[len(self.data) - _payload_len(self.data):]
+        payload_at = record_fields(self.data, 0, len(self.data), FLAG_ORIGIN)[4]
+        payload = self.data[payload_at:]
         return Envelope(self.origin_node, self.origin_incarnation, self.origin_seq, self.hlc,
                         self.topic, payload, self.qos, False, self.properties,
                         publisher=self.publisher, first_seq=self.origin_seq)
-
-
-def _payload_len(data: bytes) -> int:
-    """The payload length of the one record `data` (its fields walked)."""
-    p = _FIXED.size
-    p += 2 + _U16.unpack_from(data, p)[0]   # topic
-    p += 2 + _U16.unpack_from(data, p)[0]   # client
-    p += 2 + _U16.unpack_from(data, p)[0]   # origin
-    p += 4 + _U32.unpack_from(data, p)[0]   # properties
-    return _U32.unpack_from(data, p)[0]
 
 
 def read_records(data: bytes) -> list[WireRecord]:
