@@ -686,14 +686,15 @@ class SessionRegistry:
         of its own, just above the record's (a real connect of the client made meanwhile
         elsewhere wins over it), so the copy here is drained to it after a barrier,
         as when a client moves; a replica there becomes the session (adopted) and gets that
-        backlog too (what both hold comes twice, nothing is lost). Sessions busy or without
-        a node to go to are left for a later call."""
+        backlog too (what both hold comes twice, nothing is lost). A client that another
+        node's claim (granted here) is admitting goes to that node (`_hand_off_target`).
+        Sessions busy or without a node to go to are left for a later call."""
         out: list[Action] = []
         for client, record in list(self.records.items()):
             if record.owner != self.node_id or record.online or client in self.busy \
                     or not self._resumable(record, now_ms):
                 continue
-            target = self._hand_off_target(client)
+            target = self._hand_off_target(client, now_ms)
             if target is None:
                 continue
             self.counters["handed_off"] += 1
@@ -705,8 +706,19 @@ class SessionRegistry:
             out += self._settle(client, now_ms)
         return out
 
-    def _hand_off_target(self, client: str) -> str | None:
-        """A live replica of `client`'s session, else the first other available node up."""
+    def _hand_off_target(self, client: str, now_ms: int) -> str | None:
+        """The node whose claim of `client` (granted here) is in force, else a live replica
+        of its session, else the first other available node up. The claimant's copy, made
+        for the client, queues from the hand-off's record on, which comes before the
+        barrier. (Given to the replica, the copy here was held at its barrier while the
+        claimant's held nothing until its client connected; what came between was only in
+        the replica, which that connect deleted when its record came there before the
+        hand-off's: a rolling restart lost 1 or 2 messages in about one run of ten.)"""
+        claimants = sorted((hlc, node) for node, hlc in self.claims.in_force(client, now_ms)
+                           if node != self.node_id and node in self.up
+                           and node not in self.unavailable)
+        if claimants:
+            return claimants[0][1]
         live = [n for n in self.replica_nodes(client, self.node_id) if n in self.up]
         if live:
             return live[0]
