@@ -991,11 +991,14 @@ class SessionRegistry:
                 and client in self.replica:
             out += self._adopt(client, record)
         elif record is not None and record.owner == self.node_id and local == "session" \
-                and not self.held.get(client, (0, False))[1]:
-            # a copy made ahead of its client that a drain then handed here: it is the
-            # session now (it gets the old owner's queue), drained when its client moves on;
-            # it queues from now on (held, nobody did while its client was away: the old
-            # owner holds its copy to drain it, and a chaos rolling restart lost 2 s so)
+                and (not self.held.get(client, (0, False))[1]
+                     or (client in self.holding and client not in self.busy
+                         and client not in self.awaiting)):
+            # a copy made ahead of its client that a drain then handed here (also while it
+            # was being made, for a client this node claimed): it is the session now (it
+            # gets the old owner's queue), drained when its client moves on; it queues from
+            # now on (held, nobody did while its client was away: the old owner holds its
+            # copy to drain it, and a chaos rolling restart lost 2 s so)
             self.held[client] = (record.connect_hlc, True)
             out += self._release(client)
         if client in self.unshared and client not in self.busy and client not in self.failed \

@@ -205,6 +205,28 @@ def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
     assert c.nodes["n1"].hand_off_all(c.now) == []
 
 
+def test_a_session_handed_to_a_claimant_still_making_its_copy_queues_once_made():
+    """The hand-off comes while the claimant's copy is being made: once made, it queues
+    (it is the session now), instead of refusing everything until its client connects."""
+    c = Replicated()
+    for name, reg in c.nodes.items():
+        others = set(c.nodes) - {name}
+        reg.on_peers(others, c.now, others, others)
+    rep = online_with_replica(c)
+    other = ({"n2", "n3"} - {rep}).pop()
+    c.disconnect("n1", "dev")
+    c.finish(rep)
+    c.run(other, c.nodes[other].on_connect_rejected("dev", "denied", c.now))
+    deliver_claims(c, other)
+    drains(c, "n1")
+    c.run("n1", c.nodes["n1"].hand_off_all(c.now))
+    assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",))]
+    c.take(other, Hold)
+    c.finish(other)
+    assert c.take(other, Hold) == [Hold("dev", False)]
+    assert c.take(other, Admit) == [Admit("dev")]
+
+
 def deliver_claims(c: Cluster, node: str) -> None:
     """Every claim `node` sent, to its peers, and their answers back."""
     for action in c.take(node, Claim):
