@@ -172,13 +172,10 @@ def test_a_hand_off_racing_the_clients_own_connect_loses_to_it():
     assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",))]
 
 
-def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
-    """`dev` (offline, owner n1, a replica queueing on `rep`) is being admitted on `other`:
-    n1 granted that claim. Handed to `rep`, n1's copy was held at its barrier while
-    `other`'s held everything until the client connected there, so what came between was
-    only in `rep`'s replica, which the connect's record deleted when it came there before
-    the hand-off's (a rolling restart lost 1 or 2 messages so in about one run of ten). Now
-    the session goes to the claimant, whose copy queues from the hand-off's record on."""
+def claimed_elsewhere(made: bool) -> tuple[Replicated, str]:
+    """`dev` offline, owner n1, a replica queueing on the third node; its client tried the
+    returned node, which claims it (granted everywhere) and makes its copy (`made`: done);
+    n1 drains."""
     c = Replicated()
     for name, reg in c.nodes.items():
         others = set(c.nodes) - {name}
@@ -188,10 +185,22 @@ def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
     c.disconnect("n1", "dev")
     c.finish(rep)
     c.run(other, c.nodes[other].on_connect_rejected("dev", "denied", c.now))
-    c.finish(other)
+    if made:
+        c.finish(other)
     deliver_claims(c, other)
-    assert c.take(other, Admit) == [Admit("dev")]
     drains(c, "n1")
+    return c, other
+
+
+def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
+    """`dev` (offline, owner n1, a replica queueing on a third node) is being admitted on
+    `other`: n1 granted that claim. Handed to the replica, n1's copy was held at its barrier
+    while `other`'s held everything until the client connected there, so what came between
+    was only in the replica, which the connect's record deleted when it came there before
+    the hand-off's (a rolling restart lost 1 or 2 messages so in about one run of ten). Now
+    the session goes to the claimant, whose copy queues from the hand-off's record on."""
+    c, other = claimed_elsewhere(made=True)
+    assert c.take(other, Admit) == [Admit("dev")]
     for actions in c.actions.values():
         actions.clear()
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
@@ -208,17 +217,7 @@ def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
 def test_a_session_handed_to_a_claimant_still_making_its_copy_queues_once_made():
     """The hand-off comes while the claimant's copy is being made: once made, it queues
     (it is the session now), instead of refusing everything until its client connects."""
-    c = Replicated()
-    for name, reg in c.nodes.items():
-        others = set(c.nodes) - {name}
-        reg.on_peers(others, c.now, others, others)
-    rep = online_with_replica(c)
-    other = ({"n2", "n3"} - {rep}).pop()
-    c.disconnect("n1", "dev")
-    c.finish(rep)
-    c.run(other, c.nodes[other].on_connect_rejected("dev", "denied", c.now))
-    deliver_claims(c, other)
-    drains(c, "n1")
+    c, other = claimed_elsewhere(made=False)
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
     assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",))]
     c.take(other, Hold)
