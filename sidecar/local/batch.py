@@ -38,7 +38,8 @@ MAX_RECORDS = 65535
 
 _HEADER = struct.Struct("<4sBBHQ")
 HEADER_SIZE = _HEADER.size
-_FIXED = struct.Struct("<IBBQQ")   # length, kind, flags, seq, hlc
+RECORD_FIXED = struct.Struct("<IBBQQ")
+"""A record's fixed part: length (after itself), kind, flags, seq, hlc."""
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 
@@ -113,7 +114,7 @@ def encode_record(r: Record) -> bytes:
         _U16.pack(len(origin)) + origin if origin else b"",
         _U32.pack(len(props)), props, _U32.pack(len(r.payload)), r.payload))
     flags = r.qos | (4 if r.retain else 0) | (FLAG_ORIGIN if origin else 0)
-    return _FIXED.pack(18 + len(body), r.kind, flags, r.seq, r.hlc) + body
+    return RECORD_FIXED.pack(18 + len(body), r.kind, flags, r.seq, r.hlc) + body
 
 
 def encode_batch(batch_id: int, records: list[Record] | list[bytes]) -> bytes:
@@ -186,7 +187,7 @@ def record_fields(data: bytes, pos: int, end: int, flags: int
     at `pos` that ends at `end` (its header read: `flags`), and where its payload starts;
     BatchError if its lengths do not add up to `end`."""
     u16, u32 = _U16.unpack_from, _U32.unpack_from
-    p = pos + _FIXED.size
+    p = pos + RECORD_FIXED.size
     try:
         n = u16(data, p)[0]
         topic = data[p + 2:p + 2 + n]
@@ -224,9 +225,9 @@ def decode_batch(data: bytes) -> tuple[int, list[Record]]:
         raise BatchError(f"batch version {version}, expected {VERSION}")
     pos, records, total = _HEADER.size, [], len(data)
     for i in range(count):  # (lean: on the capture path once per message)
-        if pos + _FIXED.size > total:
+        if pos + RECORD_FIXED.size > total:
             raise BatchError(f"record {i}: shorter than a record header")
-        length, kind, flags, seq, hlc = _FIXED.unpack_from(data, pos)
+        length, kind, flags, seq, hlc = RECORD_FIXED.unpack_from(data, pos)
         end = pos + 4 + length
         if end > total or length < 30:
             raise BatchError(f"record {i}: length {length} does not fit")

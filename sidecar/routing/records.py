@@ -17,6 +17,7 @@ from sidecar.local.batch import (
     FLAG_ORIGIN,
     KIND_MESSAGE,
     NO_PROPERTIES,
+    RECORD_FIXED,
     BatchError,
     Record,
     cut_record,
@@ -27,7 +28,6 @@ from sidecar.local.batch import (
 from sidecar.message import MessageProperties
 from sidecar.routing.forwarder import Envelope
 
-_FIXED = struct.Struct("<IBBQQ")   # length, kind, flags, seq, hlc (sidecar.local.batch)
 _U16 = struct.Struct("<H")
 _MIN_LENGTH = 18 + 2 + 2 + 2 + 4 + 4   # after the length: an empty record with an origin
 _FLAGS = 3 | 4 | FLAG_ORIGIN
@@ -70,18 +70,18 @@ def encode_wire_record(env: Envelope) -> bytes:
 def with_identity(record: bytes, origin: str, seq: int, hlc: int) -> bytes:
     """A captured record (a plain message, no origin) as `origin`'s message `seq` at `hlc`:
     what `record_of` makes of the same message (its retain flag dropped)."""
-    length, kind, flags, _seq, _hlc = _FIXED.unpack_from(record)
+    length, kind, flags, _seq, _hlc = RECORD_FIXED.unpack_from(record)
     if kind != KIND_MESSAGE or flags & FLAG_ORIGIN or length + 4 != len(record):
         raise BatchError("not a captured message's record")
-    p = _FIXED.size
+    p = RECORD_FIXED.size
     p += 2 + _U16.unpack_from(record, p)[0]   # topic
     p += 2 + _U16.unpack_from(record, p)[0]   # client
     name = origin.encode()
     if len(name) > 0xFFFF:
         raise BatchError("origin longer than 65,535 bytes")
-    return b"".join((_FIXED.pack(length + 2 + len(name), KIND_MESSAGE,
+    return b"".join((RECORD_FIXED.pack(length + 2 + len(name), KIND_MESSAGE,
                                  (flags & 3) | FLAG_ORIGIN, seq, hlc),
-                     record[_FIXED.size:p], _U16.pack(len(name)), name, record[p:]))
+                     record[RECORD_FIXED.size:p], _U16.pack(len(name)), name, record[p:]))
 
 
 class WireRecord(NamedTuple):
@@ -119,9 +119,9 @@ def read_records(data: bytes) -> list[WireRecord]:
     origins: dict[bytes, tuple[str, int]] = {}
     pos, total = 0, len(data)
     while pos < total:
-        if pos + _FIXED.size > total:
+        if pos + RECORD_FIXED.size > total:
             raise BatchError(f"record at {pos} runs past the end")
-        length, kind, flags, seq, hlc = _FIXED.unpack_from(data, pos)
+        length, kind, flags, seq, hlc = RECORD_FIXED.unpack_from(data, pos)
         end = pos + 4 + length
         if end > total or length < _MIN_LENGTH:
             raise BatchError(f"record at {pos}: length {length} does not fit")
