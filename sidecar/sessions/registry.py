@@ -527,8 +527,11 @@ class SessionRegistry:
                 self.presence[client] = "session"
                 # a session rebuilt for its owner is drained if the client moves on; one
                 # made ahead of a client that then went elsewhere only repeats what the
-                # client's owner queued: deleted
-                mine = record is not None and record.owner == self.node_id
+                # client's owner queued: deleted; one made for an arriving client (held)
+                # that a drain handed here meanwhile is made ahead too (`_settle` lets it
+                # queue: it refused everything until its client connected)
+                mine = record is not None and record.owner == self.node_id \
+                    and client not in self.holding
                 self.held[client] = (record.connect_hlc if record else 0, mine)
         else:
             self.counters["failures"] += 1
@@ -991,14 +994,11 @@ class SessionRegistry:
                 and client in self.replica:
             out += self._adopt(client, record)
         elif record is not None and record.owner == self.node_id and local == "session" \
-                and (not self.held.get(client, (0, False))[1]
-                     or (client in self.holding and client not in self.busy
-                         and client not in self.awaiting)):
-            # a copy made ahead of its client that a drain then handed here (also while it
-            # was being made, for a client this node claimed): it is the session now (it
-            # gets the old owner's queue), drained when its client moves on; it queues from
-            # now on (held, nobody did while its client was away: the old owner holds its
-            # copy to drain it, and a chaos rolling restart lost 2 s so)
+                and not self.held.get(client, (0, False))[1]:
+            # a copy made ahead of its client that a drain then handed here: it is the
+            # session now (it gets the old owner's queue), drained when its client moves on;
+            # it queues from now on (held, nobody did while its client was away: the old
+            # owner holds its copy to drain it, and a chaos rolling restart lost 2 s so)
             self.held[client] = (record.connect_hlc, True)
             out += self._release(client)
         if client in self.unshared and client not in self.busy and client not in self.failed \
