@@ -81,8 +81,13 @@ def test_drain_moves_clients_and_sessions_then_undrain_admits_again(own_cluster)
         connect(cluster.ports["n1"], timeout=2)  # closed without a CONNACK: try elsewhere
     now = owners(cluster)
     assert "n1" not in now.values(), now
-    for dev in online:  # kicked, resumed elsewhere through the front
-        assert len(dev.connects) >= 2 and all(dev.connects[1:]), dev.connects
+    # kicked, resumed elsewhere through the front: the drain ends once n1 has no client, and
+    # one may still be retrying (kept out while another node's claim admits it: CI saw one
+    # back after the drain returned)
+    wait_for(lambda: all(len(dev.connects) >= 2 for dev in online), 30,
+             "every kicked client back through the front")
+    for dev in online:
+        assert all(dev.connects[1:]), dev.connects  # each time with its session
     # the client that stayed away resumes its handed-off session with what it missed
     assert away.connect(cluster.front) is True
     got = away.wait_count(50, timeout=20)
