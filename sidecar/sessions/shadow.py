@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,8 @@ class Shadow:
         self.restore: dict[str, int] = {}  # a drain's: what the session gets back if it fails
         self.resent: frozenset[int] = frozenset()  # a drain's: QoS 2 ids sent as unreleased
         self.arrived = asyncio.Event()
+        self._incoming: list[tuple[mqtt.MQTTMessage, Queued]] = []  # paho thread -> asyncio
+        self._incoming_lock = threading.Lock()
         self._client = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
             protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=False,
@@ -109,13 +112,21 @@ class Shadow:
         self._call(done)
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        """Messages go over to asyncio in runs: one loop wake-up for all that came before it
+        ran (one per message cost more than the rest of collecting a queue)."""
         props, sids = from_paho_properties(getattr(msg, "properties", None))
         item = (msg, Queued(msg.topic, msg.payload, msg.qos, props, sids))
+        with self._incoming_lock:
+            self._incoming.append(item)
+            if len(self._incoming) > 1:
+                return  # a wake-up is already on its way
+        self._call(self._take_incoming)
 
-        def add() -> None:
-            self.messages.append(item)
-            self.arrived.set()
-        self._call(add)
+    def _take_incoming(self) -> None:
+        with self._incoming_lock:
+            items, self._incoming = self._incoming, []
+        self.messages.extend(items)
+        self.arrived.set()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         def done() -> None:
@@ -186,7 +197,10 @@ class Shadow:
     async def wait_for(self, topic: str, payload: bytes, timeout: float = TIMEOUT) -> None:
         """Until the message `topic`/`payload` arrived (the marker behind the queue)."""
         deadline = self._loop.time() + timeout
-        while not any(m.topic == topic and m.payload == payload for m, _ in self.messages):
+        seen = 0  # messages already looked at (a queue of thousands came in many runs)
+        while not any(m.topic == topic and m.payload == payload
+                      for m, _ in self.messages[seen:]):
+            seen = len(self.messages)
             self.arrived.clear()
             left = deadline - self._loop.time()
             if left <= 0:
