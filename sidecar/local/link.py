@@ -39,6 +39,7 @@ from sidecar.local.protocol import (
     REPLY_PREFIX,
     SIDECAR_USERNAME,
 )
+from sidecar.thread_handoff import ThreadHandoff
 
 log = logging.getLogger("mqfed.link")
 
@@ -119,8 +120,7 @@ class LocalLink:
         self.on_reconnect = on_reconnect or (lambda: None)
         self.on_protocol_error = on_protocol_error or (lambda exc: None)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending_events: list[Event] = []
-        self._flush_scheduled = False
+        self._events: ThreadHandoff[Event] = ThreadHandoff(self._flush_events)
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[asyncio.Future, SnapshotAssembler | None]] = {}
         self._ids = itertools.count(1)
@@ -200,12 +200,7 @@ class LocalLink:
         except ProtocolError as exc:
             self._loop.call_soon_threadsafe(self.on_protocol_error, exc)
             return
-        with self._lock:
-            self._pending_events.extend(events)
-            schedule = not self._flush_scheduled
-            self._flush_scheduled = True
-        if schedule:
-            self._loop.call_soon_threadsafe(self._flush_events)
+        self._events.put(self._loop, events)
 
     def _on_read(self, msg: mqtt.MQTTMessage) -> None:
         props = getattr(msg, "properties", None)
@@ -294,10 +289,7 @@ class LocalLink:
     def _publish_sentinel(self) -> None:
         self._client.publish(SENTINEL_TOPIC, b"1", qos=1, retain=True)
 
-    def _flush_events(self) -> None:
-        with self._lock:
-            batch, self._pending_events = self._pending_events, []
-            self._flush_scheduled = False
+    def _flush_events(self, batch: list[Event]) -> None:
         self.events_received += len(batch)
         self.on_events(batch)
 

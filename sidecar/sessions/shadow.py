@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from sidecar.local.protocol import SESSION_EXPIRY_NEVER, SIDECAR_USERNAME
 from sidecar.message import MessageProperties
 from sidecar.sessions.record import Subscription
 from sidecar.sessions.unreleased import without_resent
+from sidecar.thread_handoff import ThreadHandoff
 
 log = logging.getLogger("mqfed.sessions")
 
@@ -74,8 +74,8 @@ class Shadow:
         self.restore: dict[str, int] = {}  # a drain's: what the session gets back if it fails
         self.resent: frozenset[int] = frozenset()  # a drain's: QoS 2 ids sent as unreleased
         self.arrived = asyncio.Event()
-        self._incoming: list[tuple[mqtt.MQTTMessage, Queued]] = []  # paho thread -> asyncio
-        self._incoming_lock = threading.Lock()
+        self._incoming: ThreadHandoff[tuple[mqtt.MQTTMessage, Queued]] = ThreadHandoff(
+            self._take_incoming)
         self._client = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
             protocol=mqtt.MQTTv5, transport="unix", reconnect_on_failure=False,
@@ -112,19 +112,13 @@ class Shadow:
         self._call(done)
 
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
-        """Messages go over to asyncio in runs: one loop wake-up for all that came before it
-        ran (one per message cost more than the rest of collecting a queue)."""
+        """Messages go over to asyncio in runs (one wake-up per message cost more than the
+        rest of collecting a queue)."""
         props, sids = from_paho_properties(getattr(msg, "properties", None))
-        item = (msg, Queued(msg.topic, msg.payload, msg.qos, props, sids))
-        with self._incoming_lock:
-            self._incoming.append(item)
-            if len(self._incoming) > 1:
-                return  # a wake-up is already on its way
-        self._call(self._take_incoming)
+        self._incoming.put(self._loop, [(msg, Queued(msg.topic, msg.payload, msg.qos, props,
+                                                      sids))])
 
-    def _take_incoming(self) -> None:
-        with self._incoming_lock:
-            items, self._incoming = self._incoming, []
+    def _take_incoming(self, items: list[tuple[mqtt.MQTTMessage, Queued]]) -> None:
         self.messages.extend(items)
         self.arrived.set()
 

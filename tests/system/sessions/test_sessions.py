@@ -164,11 +164,11 @@ def _breaks(seq: list[int]) -> int:
 def test_twenty_moves_under_qos1_traffic_lose_nothing(shared_cluster, via):
     """The client reconnects 20 times, each time to the next node 0.3 s after it got what was
     sent before its connect, while a publisher on n2 sends QoS 1 messages (~350/s): session
-    present every time, nothing lost, per-publisher
-    order kept (the new node gives the client the old queue before what reached it
-    meanwhile). Duplicates happen only inside the handover window (docs/architecture.md §5:
-    from the client's connect on the new node to the old node holding its copy): counted and
-    printed; bounded here only against a copy of everything."""
+    present every time, nothing lost, per-publisher order kept (the new node gives the client
+    the old queue before what reached it meanwhile). Duplicates happen only inside the
+    handover window (docs/architecture.md §5: from the client's connect on the new node to
+    the old node holding its copy): counted and printed; bounded here only against a copy of
+    everything."""
     cluster = shared_cluster
     topic = f"moves/q1/{via}"
     dev = _session(cluster, "n1", topic)
