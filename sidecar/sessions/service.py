@@ -20,6 +20,7 @@ from typing import Any
 from sidecar._proto import peer_pb2
 from sidecar.hlc import HybridClock
 from sidecar.local.events import (
+    CommandFailed,
     Connect,
     ConnectRejected,
     Disconnect,
@@ -53,7 +54,7 @@ from sidecar.sessions.registry import (
     Resubscribe,
     SessionRegistry,
 )
-from sidecar.sessions.shadow import Queued, Shadows
+from sidecar.sessions.shadow import Queued, ShadowError, Shadows
 from sidecar.sessions.sqlite import SqliteSessionStore
 from sidecar.sessions.unreleased import (
     Unreleased,
@@ -155,7 +156,8 @@ class SessionService:
         self._up: set[str] = set()
         for record in self.store.load():
             self.registry.records[record.client] = record
-        self.shadows = Shadows(socket_path, secret, self._deliver_marker, self._deliver_again)
+        self.shadows = Shadows(socket_path, secret, self._deliver_marker, self._deliver_again,
+                              self._set_options)
         self._chains: dict[str, asyncio.Task] = {}
         self._background = asyncio.Semaphore(BACKGROUND_SHADOWS)
         self._others: set[asyncio.Task] = set()
@@ -794,6 +796,13 @@ class SessionService:
             await self.request("deliver_batch", timeout=DELIVER_BATCH_TIMEOUT, client=client,
                                messages=[deliver_item(q.topic, q.payload, q.qos, q.properties,
                                                       q.subscription_ids) for q in batch])
+
+    async def _set_options(self, client: str, subscriptions: dict[str, int]) -> None:
+        try:
+            await self.request("sub_options", client=client, subscriptions=subscriptions)
+        except CommandFailed as exc:
+            if exc.code != "unreadable":  # (then the options are unknown here, as reported)
+                raise ShadowError(f"subscription options not set: {exc}") from exc
 
     async def _deliver_marker(self, client: str, topic: str, payload: bytes) -> None:
         # QoS 2 like the slowest queued message: paho hands a QoS 2 message over at its

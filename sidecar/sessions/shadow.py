@@ -230,11 +230,13 @@ class Shadows:
 
     def __init__(self, socket_path: Path, secret: str,
                  deliver_marker: Callable[[str, str, bytes], Awaitable[None]],
-                 deliver_again: Callable[[str, list[Queued]], Awaitable[None]]) -> None:
+                 deliver_again: Callable[[str, list[Queued]], Awaitable[None]],
+                 set_options: Callable[[str, dict[str, int]], Awaitable[None]]) -> None:
         self.socket_path = socket_path
         self.secret = secret
         self.deliver_marker = deliver_marker  # (client, topic, payload): a targeted delivery
         self.deliver_again = deliver_again  # (client, messages): targeted, in order
+        self.set_options = set_options  # (client, {filter: options byte}): sub_options
         self.counters = {"qos2_given_back": 0, "qos2_give_back_failed": 0}
 
     async def materialize(self, client: str, subscriptions: dict[str, int],
@@ -249,7 +251,9 @@ class Shadows:
 
     async def update(self, client: str, add: dict[str, int], remove: tuple[str, ...]) -> None:
         """Change the subscriptions of `client`'s session here (a replica): end `remove`,
-        make `add`; raises ShadowError."""
+        make `add`; raises ShadowError. A filter of `add` the session has already keeps its
+        first No Local and Retain As Published in Mosquitto 2.0.11, whatever the SUBSCRIBE
+        says: `set_options` gives them to every filter of `add`."""
         shadow = Shadow(self.socket_path, self.secret, client)
         try:
             await shadow.connect(False, SESSION_EXPIRY_NEVER)
@@ -257,6 +261,7 @@ class Shadows:
                 await shadow.unsubscribe(list(remove))
             if add:
                 await shadow.subscribe(add)
+                await self.set_options(client, {f: v & 0xFF for f, v in add.items()})
         finally:
             await shadow.disconnect()
 

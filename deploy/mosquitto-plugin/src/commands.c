@@ -18,6 +18,7 @@
 #include "recent.h"
 #include "shed.h"
 #include "sidecar.h"
+#include "subopts.h"
 
 #define REPLY_PREFIX "$SYS/broker/mqfed/replies/"
 #define SNAPSHOT_SUBS 5000 /* subscriptions per snapshot chunk at most */
@@ -551,6 +552,36 @@ static void cmd_granted(const struct request *rq, const cJSON *req)
 	reply_send(rq, o);
 }
 
+/* `sub_options`: {"client", "subscriptions": {filter: options byte}}: give each existing
+ * subscription of the client its No Local and Retain As Published (subopts_set); a shadow's
+ * SUBSCRIBE of a filter the session has cannot change them in Mosquitto 2.0.11. */
+static void cmd_sub_options(const struct request *rq, const cJSON *req)
+{
+	const char *client = get_str(req, "client");
+	const cJSON *subs = cJSON_GetObjectItemCaseSensitive(req, "subscriptions");
+	const cJSON *item;
+	const char *error;
+
+	if(client == NULL || !cJSON_IsObject(subs)){
+		reply_error(rq, "bad_request");
+		return;
+	}
+	cJSON_ArrayForEach(item, subs){
+		if(!cJSON_IsNumber(item) || item->valuedouble < 0 || item->valuedouble > 255){
+			reply_error(rq, "bad_request");
+			return;
+		}
+	}
+	cJSON_ArrayForEach(item, subs){
+		error = subopts_set(client, item->string, (uint8_t)item->valuedouble);
+		if(error){
+			reply_error(rq, error);
+			return;
+		}
+	}
+	reply_ok(rq);
+}
+
 static void cmd_admit(const struct request *rq, const cJSON *req)
 {
 	const char *client = get_str(req, "client");
@@ -933,6 +964,8 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_admit(&rq, req);
 	}else if(streq(rq.cmd, "hold")){
 		cmd_hold(&rq, req);
+	}else if(streq(rq.cmd, "sub_options")){
+		cmd_sub_options(&rq, req);
 	}else if(streq(rq.cmd, "granted")){
 		cmd_granted(&rq, req);
 	}else if(streq(rq.cmd, "open_sessions")){

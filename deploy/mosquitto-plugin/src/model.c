@@ -150,6 +150,14 @@ bool model_client_has_sub(struct client *c, const char *filter)
 	return s != NULL;
 }
 
+int model_sub_qos(struct client *c, const char *filter)
+{
+	struct sub *s = NULL;
+
+	HASH_FIND_STR(c->subs, filter, s);
+	return s ? s->qos : -1;
+}
+
 uint32_t model_sub_identifier(struct client *c, const char *filter)
 {
 	struct sub *s = NULL;

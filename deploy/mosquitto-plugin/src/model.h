@@ -33,6 +33,8 @@ bool model_client_online(const struct client *c);
 int64_t model_client_connect_ms(const struct client *c);
 struct mosquitto *model_client_conn(const struct client *c);
 bool model_client_has_sub(struct client *c, const char *filter);
+/* The granted QoS of the client's subscription `filter` (-1: none). */
+int model_sub_qos(struct client *c, const char *filter);
 /* The subscription identifier Mosquitto holds for the client's `filter` (0: none, unknown). */
 uint32_t model_sub_identifier(struct client *c, const char *filter);
 void model_sub_options(struct client *c, const char *filter, uint8_t options, uint32_t sub_id);

@@ -93,12 +93,14 @@ static struct hier_mirror *level(struct hier_mirror *siblings, const char *name,
 	return h;
 }
 
-/* The leaf of `client` for `filter` (NULL: not subscribed). Mosquitto files a filter under
+/* The leaf of `client` (or, if `client` is NULL, of the session with client id `id`) for
+ * `filter` (NULL: not subscribed). Mosquitto files a filter under
  * its first level's node, then again from that first level down among its children (sub__add,
  * sub__add_context): "a/b" is [""] -> "" -> "a" -> "b", "$SYS/x" is ["$SYS"] -> "$SYS" -> "x".
  * "$share/g/a/b" is "a/b" in the shared tree (always under the "" level, a "$" filter too:
  * sub__topic_tokenise), then group "g" at its last node. */
-static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *filter)
+static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *id,
+		const char *filter)
 {
 	struct hier_mirror *root = db.normal_subs, *h;
 	struct shared_mirror *group = NULL;
@@ -137,8 +139,48 @@ static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *filte
 		}
 	}
 	for(l = group ? group->subs : h->subs; l; l = l->next){
-		if(l->context == client) return l;
+		if(client ? l->context == client
+				: l->context && mosquitto_client_id(l->context)
+					&& strcmp(mosquitto_client_id(l->context), id) == 0){
+			return l;
+		}
 	}
+	return NULL;
+}
+
+static void set_broken(void)
+{
+	broken = true;
+	mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: subscription options cannot be read from"
+			" this Mosquitto (unexpected subscription tree); they are reported as unknown");
+}
+
+/* Give the subscription `filter` of client id `id` (online or an offline session) the No
+ * Local and Retain As Published bits of `options` (the `sub_options` command), and report
+ * them. Mosquitto 2.0.11 keeps a subscription's first two options when the same filter is
+ * subscribed again (sub__add_leaf replaces only the QoS and the identifier), so a copy of a
+ * session made before its client's options were known would keep them unset. Shared
+ * subscriptions take Retain As Published only (No Local is a protocol error there). NULL, or
+ * an error code. */
+const char *subopts_set(const char *id, const char *filter, uint8_t options)
+{
+	struct client *c = model_find(id);
+	struct leaf_mirror *l;
+	bool shared = strncmp(filter, "$share/", 7) == 0;
+
+	if(c == NULL) return "unknown_client";
+	if(!model_client_has_sub(c, filter)) return "not_subscribed";
+	if(broken || &db == NULL) return "unreadable";
+	l = find_leaf(NULL, id, filter);
+	if(l == NULL) return "not_subscribed";
+	if(l->qos != model_sub_qos(c, filter)){
+		set_broken();
+		return "unreadable";
+	}
+	l->no_local = !shared && (options & 0x04);
+	l->retain_as_published = (options & 0x08) != 0;
+	model_sub_options(c, filter, (uint8_t)((l->no_local ? 0x04 : 0)
+			| (l->retain_as_published ? 0x08 : 0)), l->identifier);
 	return NULL;
 }
 
@@ -151,12 +193,9 @@ void subopts_tick(void)
 
 	for(i = 0; i < n_pending; i++){
 		if(!broken){
-			l = find_leaf(pending[i].client, pending[i].filter);
+			l = find_leaf(pending[i].client, NULL, pending[i].filter);
 			if(l && l->qos != pending[i].qos){
-				broken = true;
-				mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: subscription options cannot be"
-						" read from this Mosquitto (unexpected subscription tree); they are"
-						" reported as unknown");
+				set_broken();
 			}else if(l){
 				c = model_find(mosquitto_client_id(l->context));
 				options = (uint8_t)((l->no_local ? 0x04 : 0) | (l->retain_as_published ? 0x08 : 0));

@@ -56,8 +56,11 @@ def _drain_and_fail(broker, sidecar, name: str, taken: int) -> tuple[list[Queued
                                         messages=items)
         assert reply["ok"] is True, reply
 
+    async def set_options(client: str, subscriptions: dict[str, int]) -> None:
+        raise AssertionError("a drain sets no options")
+
     async def run() -> tuple[list[Queued], dict]:
-        shadows = Shadows(Path(broker.sock), SECRET, deliver_marker, deliver_again)
+        shadows = Shadows(Path(broker.sock), SECRET, deliver_marker, deliver_again, set_options)
         shadow = await shadows.drain(name, (), {TOPIC: 2})
         read = [q for _, q in shadow.queue()]
         await shadows.finish(shadow, False, taken)

@@ -5,9 +5,17 @@ them)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from sidecar.sessions.record import Subscription
+from sidecar.sessions.shadow import Shadows
+from tests.system.plugin.helpers import SECRET
 
 
 def _subscribe(client, filt: str, qos: int, no_local: bool = False, rap: bool = False,
@@ -81,3 +89,83 @@ def test_a_v311_client_has_no_options_to_read(broker, sidecar, client_factory):
     sidecar.wait_type("subscribe", client="old", filter="v3/#")
     assert len(_subscribes(sidecar, "old", "v3/#")) == 1
     assert "subscription options cannot be read" not in broker.log()
+
+
+def _own_messages_come_back(c, topic: str, payload: bytes) -> bool:
+    c.publish(topic, payload, qos=1)
+    return bool(c.wait_messages(lambda m: m.payload == payload, timeout=1.0))
+
+
+def test_sub_options_gives_an_existing_subscription_no_local_mosquitto_kept_unset(
+        broker, sidecar, client_factory):
+    """A session copy made before its client's options were known has a subscription without
+    No Local, and a shadow's SUBSCRIBE of the same filter cannot set it (2.0.11): the
+    `sub_options` command does, connected or offline, and Mosquitto's own routing follows."""
+    c = client_factory("renl", clean_start=False, session_expiry=300)
+    c.connect()
+    _subscribe(c, "nl/#", 1)
+    _subscribe(c, "nl/#", 1, no_local=True)  # what a shadow does: Mosquitto keeps it unset
+    assert _own_messages_come_back(c, "nl/a", b"before")
+    rep = sidecar.call("sub_options", client="renl", subscriptions={"nl/#": 1 | 0x04})
+    assert rep["ok"] is True, rep
+    sidecar.wait_events(lambda e: e["type"] == "subscribe" and e["client"] == "renl"
+                        and e["options"] == 1 | 0x04)
+    assert not _own_messages_come_back(c, "nl/b", b"after")
+    other = client_factory("renl-other")
+    other.connect()
+    other.publish("nl/c", b"theirs", qos=1)
+    assert c.wait_messages(lambda m: m.payload == b"theirs")
+    # an offline session: Retain As Published on, No Local off again
+    c.disconnect()
+    rep = sidecar.call("sub_options", client="renl", subscriptions={"nl/#": 0x08})
+    assert rep["ok"] is True, rep
+    sidecar.wait_events(lambda e: e["type"] == "subscribe" and e["client"] == "renl"
+                        and e["options"] == 1 | 0x08)
+    c.connect()
+    assert _own_messages_come_back(c, "nl/d", b"again")
+
+
+def test_sub_options_refusals(broker, sidecar, client_factory):
+    c = client_factory("renl2")
+    c.connect()
+    _subscribe(c, "r/#", 0)
+    _subscribe(c, "$share/g/r/#", 1)
+    assert sidecar.call("sub_options", client="nobody",
+                        subscriptions={"r/#": 4})["error"] == "unknown_client"
+    assert sidecar.call("sub_options", client="renl2",
+                        subscriptions={"q/#": 4})["error"] == "not_subscribed"
+    for bad in ({"r/#": 256}, {"r/#": "4"}, ["r/#"]):
+        assert sidecar.call("sub_options", client="renl2",
+                            subscriptions=bad)["error"] == "bad_request"
+    # a shared subscription takes Retain As Published only
+    assert sidecar.call("sub_options", client="renl2",
+                        subscriptions={"$share/g/r/#": 0x04 | 0x08})["ok"] is True
+    sidecar.wait_events(lambda e: e["type"] == "subscribe" and e["filter"] == "$share/g/r/#"
+                        and e["options"] == 1 | 0x08)
+    assert "subscription options cannot be read" not in broker.log()
+
+
+@pytest.mark.parametrize("with_command", [True, False], ids=["sub_options", "subscribe_only"])
+def test_a_replica_update_gives_a_filter_it_has_its_no_local(broker, sidecar, client_factory,
+                                                            with_command):
+    """`Shadows.update` (a replica's Resubscribe) of a filter the session has, now with No
+    Local: the session's own messages skip it afterwards; a SUBSCRIBE alone does not do it."""
+    c = client_factory(f"repl-{with_command}", clean_start=False, session_expiry=300)
+    c.connect()
+    _subscribe(c, "rp/#", 1)
+    c.disconnect()
+
+    async def set_options(client: str, subscriptions: dict[str, int]) -> None:
+        if with_command:
+            reply = await asyncio.to_thread(sidecar.call, "sub_options", client=client,
+                                            subscriptions=subscriptions)
+            assert reply["ok"] is True, reply
+
+    async def unused(*args) -> None:
+        raise AssertionError("not a drain")
+
+    shadows = Shadows(Path(broker.sock), SECRET, unused, unused, set_options)
+    asyncio.run(shadows.update(c.client_id, {"rp/#": Subscription(1, no_local=True).pack()},
+                               ()))
+    c.connect()
+    assert _own_messages_come_back(c, "rp/x", b"own") is not with_command
