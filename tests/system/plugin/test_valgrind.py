@@ -78,6 +78,10 @@ def test_plugin_is_valgrind_clean(make_broker, clients, tmp_path, request):
     p.unsubscribe("a/3")
     p.subscribe("a/1", 1)  # same qos again: no event (and Mosquitto's own leak, see supp)
     p.subscribe("a/1", 0)  # a genuine downgrade
+    assert sc.call("sub_options", client="vg-persist", timeout=20,
+                   subscriptions={"a/1": 0x04, "$share/g/a/2": 0x0C})["ok"] is True
+    assert sc.call("sub_options", client="vg-persist", timeout=20,
+                   subscriptions={"a/9": 0x04})["error"] == "not_subscribed"
     v3 = client("vg-v311", protocol=4, clean_start=False)
     v3.connect()
     v3.subscribe("b/#", 1)
