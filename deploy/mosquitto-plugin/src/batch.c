@@ -260,15 +260,14 @@ size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
 	return MQFB_REC_FIXED + topic_len + client_len + (size_t)props_len + payload_len;
 }
 
-void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint64_t seq,
-		uint64_t hlc, const char *topic, size_t topic_len, const char *client, size_t client_len,
-		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len)
+static void put_record(uint8_t *out, size_t size, uint8_t kind, uint8_t qos, bool retain,
+		uint64_t seq, uint64_t hlc, const char *topic, size_t topic_len, const char *client,
+		size_t client_len, const char *origin, size_t origin_len, const uint8_t *props,
+		uint32_t props_len, const void *payload, uint32_t payload_len)
 {
-	size_t size = mqfb_record_size(topic_len, client_len, props_len, payload_len);
-
 	put32(out, (uint32_t)(size - 4));
 	out[4] = kind;
-	out[5] = (uint8_t)((qos & 3) | (retain ? 4 : 0));
+	out[5] = (uint8_t)((qos & 3) | (retain ? 4 : 0) | (origin ? MQFB_FLAG_ORIGIN : 0));
 	put64(out + 6, seq);
 	put64(out + 14, hlc);
 	out += 22;
@@ -278,11 +277,35 @@ void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint6
 	put16(out, (uint16_t)client_len);
 	if(client_len) memcpy(out + 2, client, client_len);
 	out += 2 + client_len;
+	if(origin){
+		put16(out, (uint16_t)origin_len);
+		if(origin_len) memcpy(out + 2, origin, origin_len);
+		out += 2 + origin_len;
+	}
 	put32(out, props_len);
 	if(props_len) memcpy(out + 4, props, props_len);
 	out += 4 + props_len;
 	put32(out, payload_len);
 	if(payload_len) memcpy(out + 4, payload, payload_len);
+}
+
+void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint64_t seq,
+		uint64_t hlc, const char *topic, size_t topic_len, const char *client, size_t client_len,
+		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len)
+{
+	put_record(out, mqfb_record_size(topic_len, client_len, props_len, payload_len), kind, qos,
+			retain, seq, hlc, topic, topic_len, client, client_len, NULL, 0, props, props_len,
+			payload, payload_len);
+}
+
+void mqfb_put_origin_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq,
+		uint64_t hlc, const char *topic, size_t topic_len, const char *client, size_t client_len,
+		const char *origin, size_t origin_len, const uint8_t *props, uint32_t props_len,
+		const void *payload, uint32_t payload_len)
+{
+	put_record(out, mqfb_record_size(topic_len, client_len, props_len, payload_len) + 2
+			+ origin_len, MQFB_KIND_MESSAGE, qos, retain, seq, hlc, topic, topic_len, client,
+			client_len, origin, origin_len, props, props_len, payload, payload_len);
 }
 
 /* A growing byte string for mqfb_encode_props. */

@@ -71,6 +71,13 @@ void mqfb_put_record(uint8_t *out, uint8_t kind, uint8_t qos, bool retain, uint6
 		const char *topic, size_t topic_len, const char *client, size_t client_len,
 		const uint8_t *props, uint32_t props_len, const void *payload, uint32_t payload_len);
 
+/* Encode one message record naming its origin node (flag 0x08) into `out`
+ * (mqfb_record_size + 2 + origin_len bytes). */
+void mqfb_put_origin_record(uint8_t *out, uint8_t qos, bool retain, uint64_t seq,
+		uint64_t hlc, const char *topic, size_t topic_len, const char *client, size_t client_len,
+		const char *origin, size_t origin_len, const uint8_t *props, uint32_t props_len,
+		const void *payload, uint32_t payload_len);
+
 /* One message from the sidecar on the capture socket. */
 struct mqfa_msg {
 	uint8_t kind;                    /* MQFA_KIND_RESUME or MQFA_KIND_ACK */

@@ -150,15 +150,6 @@ static void settle_one(uint64_t seq)
 	ring_trim();
 }
 
-static uint64_t next_hlc(void)
-{
-	uint64_t h = (uint64_t)now_ms() << 16;
-
-	if(h <= last_hlc) h = last_hlc + 1;
-	last_hlc = h;
-	return h;
-}
-
 static void flush(void);
 
 /* Append one record of `kind` (the next seq, the hlc now); false when out of memory. */
@@ -174,8 +165,8 @@ bool capbuf_append(uint8_t kind, uint8_t qos, bool retain, const char *topic, si
 	if(r == NULL) return false;
 	r->seq = next_seq;
 	r->size = (uint32_t)size;
-	mqfb_put_record(r->data, kind, qos, retain, r->seq, next_hlc(), topic, topic_len, client,
-			client_len, props, props_len, payload, payload_len);
+	mqfb_put_record(r->data, kind, qos, retain, r->seq, hlc_next(&last_hlc), topic, topic_len,
+			client, client_len, props, props_len, payload, payload_len);
 	if(!ring_push(r)){
 		free(r);
 		return false;

@@ -31,6 +31,7 @@
 #include "capbuf.h"
 #include "capture.h"
 #include "ftrie.h"
+#include "linkout.h"
 #include "origin.h"
 #include "shed.h"
 #include "will.h"
@@ -409,8 +410,8 @@ static struct ident *routed(const char *topic, const void *payload, uint32_t len
 	return &e->id;
 }
 
-/* Append the record of `id` (its topic and payload from the READ check: the store's own). */
-static bool append(const struct ident *id, const char *topic, const void *payload)
+/* Set the Message Expiry Interval of `id`'s encoded properties to what remains of it. */
+static void age_expiry(const struct ident *id)
 {
 	if(id->expiry){ /* what remains of it, as Mosquitto gives a subscriber (at least 1 s) */
 		int64_t gone = (mono_ms() - id->born_ms) / 1000;
@@ -422,6 +423,12 @@ static bool append(const struct ident *id, const char *topic, const void *payloa
 		at[2] = (uint8_t)(left >> 8);
 		at[3] = (uint8_t)left;
 	}
+}
+
+/* Append the record of `id` (its topic and payload from the READ check: the store's own). */
+static bool append(const struct ident *id, const char *topic, const void *payload)
+{
+	age_expiry(id);
 	return capbuf_append(MQFB_KIND_MESSAGE, id->qos, id->retain, topic, strlen(topic),
 			id->client, id->client_len, id->props, id->props_len, payload, id->len);
 }
@@ -453,6 +460,12 @@ bool capture_read(const char *topic, const void *payload, uint32_t len, uint8_t 
 			return false;
 		default:
 			break;
+	}
+	age_expiry(id);
+	if(linkout_active() && linkout_take(qos, id->retain, topic, id->client, id->client_len,
+				id->props, id->props_len, payload, id->len)){
+		id->fate = ID_CAPTURED; /* the links carry it (linkout.c); not the journal's yet */
+		return true;
 	}
 	size = mqfb_record_size(strlen(topic), id->client_len, id->props_len, id->len);
 	if(capbuf_bytes() + size > max_bytes){

@@ -13,6 +13,8 @@
 #include "inflight.h"
 #include "inject.h"
 #include "journal.h"
+#include "linkin.h"
+#include "linkout.h"
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
@@ -772,6 +774,54 @@ static void add_capture_stats(cJSON *o)
 	cJSON_AddNumberToObject(c, "sent_bytes", (double)cs.sent_bytes);
 }
 
+/* `links`: what links out and in did; `link_list`: each link out. */
+static void add_link_stats(cJSON *o)
+{
+	struct linkout_stats ls;
+	struct linkin_stats li;
+	cJSON *c, *list;
+
+	linkout_stats(&ls);
+	linkin_stats(&li);
+	c = cJSON_AddObjectToObject(o, "links");
+	if(c == NULL) return;
+	cJSON_AddNumberToObject(c, "links", ls.links);
+	cJSON_AddNumberToObject(c, "up", ls.up);
+	cJSON_AddNumberToObject(c, "records", (double)ls.records);
+	cJSON_AddNumberToObject(c, "batches", (double)ls.batches);
+	cJSON_AddNumberToObject(c, "acked", (double)ls.acked);
+	cJSON_AddNumberToObject(c, "resent", (double)ls.resent);
+	cJSON_AddNumberToObject(c, "refused", (double)ls.refused);
+	cJSON_AddNumberToObject(c, "abandoned", (double)ls.abandoned);
+	cJSON_AddNumberToObject(c, "connects", (double)ls.connects);
+	cJSON_AddNumberToObject(c, "failures", (double)ls.failures);
+	cJSON_AddNumberToObject(c, "held_bytes", (double)ls.held_bytes);
+	cJSON_AddNumberToObject(c, "in_connected", li.connected);
+	cJSON_AddNumberToObject(c, "in_batches", (double)li.batches);
+	cJSON_AddNumberToObject(c, "in_duplicates", (double)li.duplicates);
+	cJSON_AddNumberToObject(c, "in_refused", (double)li.refused);
+	list = linkout_links_json();
+	if(list) cJSON_AddItemToObject(c, "list", list);
+}
+
+static void cmd_link(const struct request *rq, const cJSON *req, bool filters)
+{
+	const char *why = NULL;
+	const char *error = filters ? linkout_filters(req, &why) : linkout_configure(req, &why);
+	cJSON *o;
+
+	if(error == NULL){
+		reply_ok(rq);
+		return;
+	}
+	o = reply_new(rq, false);
+	if(o){
+		cJSON_AddStringToObject(o, "error", error);
+		if(why) cJSON_AddStringToObject(o, "why", why);
+	}
+	reply_send(rq, o);
+}
+
 static void cmd_stats(const struct request *rq)
 {
 	cJSON *o = reply_new(rq, true);
@@ -835,6 +885,7 @@ static void cmd_stats(const struct request *rq)
 		if(cal) cJSON_AddStringToObject(cal, "session_expiry", calib_name());
 		add_journal_stats(o);
 		add_capture_stats(o);
+		add_link_stats(o);
 	}
 	reply_send(rq, o);
 }
@@ -964,6 +1015,10 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cmd_admit(&rq, req);
 	}else if(streq(rq.cmd, "hold")){
 		cmd_hold(&rq, req);
+	}else if(streq(rq.cmd, "links")){
+		cmd_link(&rq, req, false);
+	}else if(streq(rq.cmd, "link_filters")){
+		cmd_link(&rq, req, true);
 	}else if(streq(rq.cmd, "sub_options")){
 		cmd_sub_options(&rq, req);
 	}else if(streq(rq.cmd, "granted")){

@@ -37,6 +37,7 @@
 #include "cut.h"
 #include "inflight.h"
 #include "inject.h"
+#include "linkin.h"
 #include "origin.h"
 #include "sidecar.h"
 
@@ -120,6 +121,7 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 	int n;
 	struct owed *o;
 
+	if(reply_to == NULL) return; /* a link: Mosquitto's PUBACK is the answer (linkin.c) */
 	if(error){
 		n = snprintf(buf, sizeof(buf),
 				"{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":false,\"error\":\"%s\",\"at\":%u}",
@@ -361,11 +363,15 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	unsigned n = 0, i, count;
 	int rc;
 
-	if(ed->client == NULL || (ed->client != sidecar_conn() && ed->client != sidecar_fwd_conn())){
+	bool link = linkin_conn(ed->client);
+	uint64_t last_seq = 0, dups = 0;
+
+	if(ed->client == NULL || (!link && ed->client != sidecar_conn()
+				&& ed->client != sidecar_fwd_conn())){
 		n_refused++; /* the ACL check already refuses this: never act on anyone else */
 		return;
 	}
-	reply_to = mosquitto_client_id(ed->client);
+	reply_to = link ? NULL : mosquitto_client_id(ed->client);
 	reply_qos = ed->client == sidecar_conn() ? 1 : 0;
 	why = mqfb_open(ed->payload, ed->payloadlen, &b);
 	if(why == NULL && b.count > 0){
@@ -375,6 +381,9 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 	count = b.count;
 	while(why == NULL && n < count){
 		why = mqfb_next(&b, &r);
+		if(why == NULL && link && (r.kind != MQFB_KIND_MESSAGE || r.origin_len == 0)){
+			why = "link record"; /* a link carries messages naming their origin */
+		}
 		if(why == NULL) why = prepare(&r, &m[n]);
 		n++; /* a half-prepared record is freed with the rest */
 	}
@@ -388,6 +397,11 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		return;
 	}
 	for(i = 0; i < n; i++){
+		if(link && !linkin_fresh(ed->client, m[i].id.seq)){
+			dups++; /* injected before: its batch came again after a reconnect */
+			continue;
+		}
+		if(link) last_seq = m[i].id.seq;
 		if(m[i].cut){
 			cut_arrived(m[i].cut_client, cut_origin_hash(m[i].id.origin, m[i].id.origin_len),
 					m[i].id.seq, (int64_t)(m[i].sent >> 16));
@@ -400,6 +414,7 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		if(rc != MOSQ_ERR_SUCCESS){
 			/* out of memory: the sidecar sends the batch again (those before i twice) */
 			mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: injecting a message failed (%d)", rc);
+			if(link && i > 0) linkin_injected(ed->client, m[i - 1].id.seq, dups);
 			n_messages += i;
 			reply(b.id, "memory", 0, i);
 			free_prepared(m, n);
@@ -409,7 +424,8 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		queued_now = true;
 	}
 	n_batches++;
-	n_messages += n;
+	n_messages += n - dups;
+	if(link) linkin_injected(ed->client, last_seq, dups);
 	reply(b.id, NULL, n, 0);
 	free_prepared(m, n);
 }

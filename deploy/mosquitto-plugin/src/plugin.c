@@ -15,6 +15,8 @@
 #include "inflight.h"
 #include "inject.h"
 #include "journal.h"
+#include "linkin.h"
+#include "linkout.h"
 #include "model.h"
 #include "origin.h"
 #include "recent.h"
@@ -53,6 +55,7 @@ struct module_opts {
 	uint64_t max_queued;      /* Mosquitto's max_queued_messages, for inject.c (0: unknown) */
 	const char *capture_socket; /* capture.c; NULL: capture off */
 	uint64_t capture_max_bytes;
+	const char *link_secret;  /* linkin.c; NULL: links refused */
 };
 
 static mosquitto_plugin_id_t *pid;
@@ -158,6 +161,7 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 	mo->max_queued = 0;
 	mo->capture_socket = NULL;
 	mo->capture_max_bytes = 64u << 20;
+	mo->link_secret = NULL;
 
 	for(i = 0; i < count; i++){
 		const char *k = opts[i].key;
@@ -230,6 +234,13 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 			mo->capture_socket = val;
 		}else if(streq(k, "capture_max_bytes")){
 			if(parse_u64(k, val, 65536, UINT64_MAX / 2, &mo->capture_max_bytes)) return -1;
+		}else if(streq(k, "link_secret")){
+			if(strlen(val) < 16 || strlen(val) > 200){
+				mosquitto_log_printf(MOSQ_LOG_ERR, "mqfed: plugin_opt_link_secret must have "
+						"16 to 200 characters");
+				return -1;
+			}
+			mo->link_secret = val;
 		}else{
 			mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: unknown option plugin_opt_%s ignored", k);
 		}
@@ -253,16 +264,7 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 
 static bool secret_ok(const char *password)
 {
-	size_t a, b, i;
-	unsigned char diff = 0;
-
-	if(password == NULL) return false;
-	a = strlen(password);
-	b = strlen(secret);
-	for(i = 0; i < a && i < b; i++){
-		diff |= (unsigned char)(password[i] ^ secret[i]);
-	}
-	return diff == 0 && a == b;
+	return secret_equal(password, secret);
 }
 
 /* Not a live connection but a session Mosquitto checks on behalf of: an offline session
@@ -510,6 +512,10 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}else{
 		origin_event();
 	}
+	if(linkin_conn(ed->client)){ /* a peer's plugin: its batches, nothing else */
+		return ed->access == MOSQ_ACL_WRITE && streq(ed->topic, MQFED_INJECT_TOPIC)
+			? MOSQ_ERR_SUCCESS : MOSQ_ERR_ACL_DENIED;
+	}
 	if(is_sidecar(ed->client)){
 		if(sidecar_is_fwd(ed->client)) on_fwd_acl(ed);
 		else if(ed->access == MOSQ_ACL_SUBSCRIBE) recent_sidecar_checks();
@@ -634,6 +640,14 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 				model_fill_unknown_expiry(); /* v5 expiries unknown so far can be read now */
 			}
 			inflight_on_sidecar_auth(client);
+		}
+		return MOSQ_ERR_SUCCESS;
+	}
+	if(linkin_is_id(id)){
+		/* a peer's plugin (linkin.c): injects batches, nothing else */
+		if(!linkin_auth(client, id, ed->username, ed->password)){
+			emit_connect_rejected(id, ed->username, "auth");
+			return MOSQ_ERR_AUTH;
 		}
 		return MOSQ_ERR_SUCCESS;
 	}
@@ -849,6 +863,8 @@ static int on_tick(int event, void *event_data, void *userdata)
 	recent_tick();
 	journal_tick();
 	capture_tick();
+	linkout_tick();
+	linkin_tick();
 	ev_publish_pending();
 	return MOSQ_ERR_SUCCESS;
 }
@@ -861,6 +877,10 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	(void)userdata;
 	origin_event();
 	if(ed->client == NULL) return MOSQ_ERR_SUCCESS;
+	if(linkin_conn(ed->client)){
+		linkin_disconnected(ed->client);
+		return MOSQ_ERR_SUCCESS;
+	}
 	sidecar_unvouch(ed->client);
 	if(ed->client == sidecar_conn()){
 		sidecar_set_conn(NULL);
@@ -911,6 +931,8 @@ static void free_all(void)
 	shed_cleanup();
 	journal_cleanup();
 	capture_cleanup();
+	linkout_cleanup();
+	linkin_cleanup();
 	commands_cleanup();
 	hold_clear();
 	subopts_cleanup();
@@ -966,6 +988,10 @@ MQFED_EXPORT int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void *
 	if(capture_init(mo.capture_socket, mo.capture_max_bytes, strtoull(ev_epoch(), NULL, 16))){
 		free_all();
 		return MOSQ_ERR_INVAL;
+	}
+	if(linkin_init(mo.link_secret)){
+		free_all();
+		return MOSQ_ERR_NOMEM;
 	}
 	commands_init(mo.snapshot_chunk, mo.sessions_gate);
 	inject_set_max_queued((long)mo.max_queued);

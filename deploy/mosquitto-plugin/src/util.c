@@ -39,6 +39,29 @@ bool ratelog_due(struct ratelog *r, int64_t period_ms, uint64_t *held)
 	return true;
 }
 
+/* A hybrid logical clock's next value (wall ms << 16, always above *last, which it updates). */
+uint64_t hlc_next(uint64_t *last)
+{
+	uint64_t h = (uint64_t)now_ms() << 16;
+
+	if(h <= *last) h = *last + 1;
+	*last = h;
+	return h;
+}
+
+/* Whether `given` is `expected`, in a time that does not depend on where they differ. */
+bool secret_equal(const char *given, const char *expected)
+{
+	size_t a, b, i;
+	unsigned char diff = 0;
+
+	if(given == NULL || expected == NULL) return false;
+	a = strlen(given);
+	b = strlen(expected);
+	for(i = 0; i < a && i < b; i++) diff |= (unsigned char)(given[i] ^ expected[i]);
+	return diff == 0 && a == b;
+}
+
 char *xstrdup(const char *s)
 {
 	return s ? strdup(s) : NULL;

@@ -3,8 +3,8 @@
  *
  * Modules, each with its own header, lowest first; a module includes only headers of modules
  * before it, and keeps its state static: util, ftrie, sidecar, events, calib, will, inflight,
- * model, subopts, shed, cut, origin, batch, inject, recent, journal, capbuf, capture, hold,
- * commands, plugin (which alone wires them to Mosquitto's callbacks).
+ * model, subopts, shed, cut, origin, batch, inject, linkin, linkout, recent, journal, capbuf,
+ * capture, hold, commands, plugin (which alone wires them to Mosquitto's callbacks).
  *
  * The plugin is single threaded: Mosquitto 2.0 calls every callback from its main loop.
  * The contract with the sidecar is docs/plugin-protocol.md.
@@ -35,6 +35,8 @@ struct ratelog {
 int64_t now_ms(void);
 int64_t mono_ms(void);
 bool ratelog_due(struct ratelog *r, int64_t period_ms, uint64_t *held);
+uint64_t hlc_next(uint64_t *last);
+bool secret_equal(const char *given, const char *expected);
 char *xstrdup(const char *s);
 bool streq(const char *a, const char *b);
 char *b64_encode(const void *data, size_t len, size_t *out_len);
