@@ -61,6 +61,8 @@ static uint64_t n_batches, n_messages, n_refused;
  * order, sidecar/local/midgaps.py; a lost reply is the sidecar's timeout). */
 static const char *reply_to;
 static int reply_qos;
+static bool reply_link;          /* to a link (linkin.c): its replies carry the bound */
+static long link_bound;          /* half of max_queued_messages (0: unknown): a link's bound */
 
 /* A reply owed for a batch handed to Mosquitto: sent at the TICK after its routing. */
 struct owed {
@@ -69,6 +71,7 @@ struct owed {
 	uint64_t id;
 	unsigned count;
 	int qos;
+	bool link;                 /* to a link: with the bound it paces itself to (room.c) */
 	bool routed;               /* a TICK passed since: its routing ran at the top of this
 	                            * iteration */
 };
@@ -121,7 +124,6 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 	int n;
 	struct owed *o;
 
-	if(reply_to == NULL) return; /* a link: Mosquitto's PUBACK is the answer (linkin.c) */
 	if(error){
 		n = snprintf(buf, sizeof(buf),
 				"{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":false,\"error\":\"%s\",\"at\":%u}",
@@ -141,6 +143,7 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 	o->id = id;
 	o->count = count;
 	o->qos = reply_qos;
+	o->link = reply_link;
 	*owed_tail = o;
 	owed_tail = &o->next;
 }
@@ -148,6 +151,7 @@ static void reply(uint64_t id, const char *error, unsigned count, unsigned at)
 void inject_set_max_queued(long max_queued)
 {
 	full_at = max_queued > 0 ? (int)((max_queued * FULL_NUM + FULL_DEN - 1) / FULL_DEN) : 0;
+	link_bound = max_queued > 0 ? max_queued / 2 : 0;
 }
 
 static void free_slow(struct slow *s)
@@ -282,7 +286,11 @@ void inject_tick(void)
 			continue;
 		}
 		n = snprintf(buf, sizeof(buf), "{\"v\":1,\"cmd\":\"inject\",\"batch\":%llu,\"ok\":true,"
-				"\"count\":%u,\"queued\":%d}", (unsigned long long)o->id, o->count, fullest);
+				"\"count\":%u,\"queued\":%d", (unsigned long long)o->id, o->count, fullest);
+		if(n > 0 && n < (int)sizeof(buf)){ /* a link paces itself to the bound (room.c) */
+			n += o->link ? snprintf(buf + n, sizeof(buf) - (size_t)n, ",\"bound\":%ld}",
+					link_bound) : snprintf(buf + n, sizeof(buf) - (size_t)n, "}");
+		}
 		send_reply(o->to, o->qos, buf, n);
 		*link = o->next;
 		free(o->to);
@@ -371,8 +379,9 @@ void inject_on_control(const struct mosquitto_evt_control *ed)
 		n_refused++; /* the ACL check already refuses this: never act on anyone else */
 		return;
 	}
-	reply_to = link ? NULL : mosquitto_client_id(ed->client);
+	reply_to = mosquitto_client_id(ed->client);
 	reply_qos = ed->client == sidecar_conn() ? 1 : 0;
+	reply_link = link;
 	why = mqfb_open(ed->payload, ed->payloadlen, &b);
 	if(why == NULL && b.count > 0){
 		m = calloc(b.count, sizeof(*m));
@@ -451,6 +460,8 @@ void inject_cleanup(void)
 	}
 	owed_tail = &owed_head;
 	fullest = -1;
+	link_bound = 0;
+	reply_link = false;
 	n_batches = n_messages = n_refused = 0;
 	queued_now = false;
 	HASH_ITER(hh, slow_clients, s, tmp) free_slow(s);

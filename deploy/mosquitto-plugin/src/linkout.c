@@ -39,6 +39,7 @@
 #include "ftrie.h"
 #include "inject.h"
 #include "linkout.h"
+#include "room.h"
 
 #define LINKS_MAX 64
 #define BATCH_BYTES_MAX (256u << 10)   /* records per batch, unless one record is larger */
@@ -52,13 +53,16 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
 #define CTL_MAX 512                    /* CONNECT (ids and credentials bounded), PINGREQ */
-#define IN_MAX 64
+#define IN_MAX 2048                    /* CONNACK, PUBACK, PINGRESP, inject replies */
+#define UNANSWERED_MAX 256             /* batches written whose inject reply has not come */
+#define REPLY_WAIT_MS 2000             /* a reply not come by then: answered without a measure */
 
 enum state { L_DOWN, L_CONNECTING, L_CONNACK, L_UP };
 
 /* A sealed batch: the whole PUBLISH packet. */
 struct batch {
 	struct batch *next;
+	uint64_t id;                   /* the MQFB batch id, which the peer's reply names */
 	uint32_t records;
 	bool tried;                    /* written (part of it) on an earlier connection */
 	bool sent;                     /* written whole on this connection, not PUBACKed */
@@ -99,7 +103,15 @@ struct link {
 	unsigned backoff;
 	bool listed;                   /* (configure) named again */
 	struct ratelog log;
-	uint64_t records, batches, acked, resent, connects, failures;
+	struct room room;              /* the peer's subscribers' queue room (room.c) */
+	struct unanswered {
+		uint64_t id;
+		uint32_t records;
+		int64_t at_ms;
+	} ua[UNANSWERED_MAX];          /* a ring, oldest first */
+	unsigned ua_head, ua_n;
+	int64_t probe_ms;
+	uint64_t records, batches, acked, resent, connects, failures, paced, lifted;
 };
 
 static struct link *links[LINKS_MAX];
@@ -145,6 +157,8 @@ static void link_close(struct link *l, bool failed)
 	l->wr = l->head;
 	l->wr_off = 0;
 	l->inflight = 0;
+	l->ua_head = l->ua_n = 0;
+	room_reset(&l->room);
 }
 
 static void link_free(struct link *l)
@@ -380,14 +394,25 @@ static size_t put_varint(uint8_t *p, size_t v)
 	return n;
 }
 
-/* Seal the records built so far into a PUBLISH of one batch. */
-static bool seal(struct link *l)
+static uint32_t le32(const uint8_t *p)
 {
-	size_t topic_len = strlen(MQFED_INJECT_TOPIC);
-	size_t body = 2 + topic_len + 2 + MQFB_HEADER_LEN + l->rec_len, at;
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Seal the first `max` records built so far (all: at most BATCH_RECORDS_MAX) into a PUBLISH
+ * of one batch. */
+static bool seal_some(struct link *l, uint32_t max)
+{
+	size_t topic_len = strlen(MQFED_INJECT_TOPIC), body, at, len = 0;
+	uint32_t count = 0;
 	struct batch *b;
 
 	if(l->rec_count == 0) return true;
+	while(count < max && count < l->rec_count){ /* each record: its u32 length, then it */
+		len += 4 + le32(l->rec + len);
+		count++;
+	}
+	body = 2 + topic_len + 2 + MQFB_HEADER_LEN + len;
 	if(body > 268435455) return false;
 	b = malloc(sizeof(*b) + 1 + varint_len(body) + body);
 	if(b == NULL) return false;
@@ -399,20 +424,38 @@ static bool seal(struct link *l)
 	at += 2 + topic_len;
 	b->mid_at = at;
 	at += 2;
-	mqfb_put_header(b->pkt + at, (uint16_t)l->rec_count, ++l->batch_id);
+	b->id = ++l->batch_id;
+	mqfb_put_header(b->pkt + at, (uint16_t)count, b->id);
 	at += MQFB_HEADER_LEN;
-	memcpy(b->pkt + at, l->rec, l->rec_len);
-	b->len = at + l->rec_len;
-	b->records = l->rec_count;
-	b->bytes = l->rec_len;
+	memcpy(b->pkt + at, l->rec, len);
+	b->len = at + len;
+	b->records = count;
+	b->bytes = len;
 	if(l->tail) l->tail->next = b;
 	else l->head = b;
 	l->tail = b;
 	if(l->wr == NULL) l->wr = b;
 	l->batches++;
-	l->rec_len = 0;
-	l->rec_count = 0;
+	memmove(l->rec, l->rec + len, l->rec_len - len);
+	l->rec_len -= len;
+	l->rec_count -= count;
 	return true;
+}
+
+static bool seal(struct link *l)
+{
+	return seal_some(l, BATCH_RECORDS_MAX);
+}
+
+/* Records per batch sealed at the TICK: small enough to pace by when the peer bounds its
+ * subscribers' queues (a quarter of its bound), else as many as a batch takes. */
+static uint32_t batch_records(const struct link *l)
+{
+	long limit = l->room.limit;
+
+	if(limit <= 0 || l->room.lifted) return BATCH_RECORDS_MAX;
+	return limit / 4 < 1 ? 1 : limit / 4 < BATCH_RECORDS_MAX ? (uint32_t)(limit / 4)
+		: BATCH_RECORDS_MAX;
 }
 
 bool linkout_take(uint8_t qos, bool retain, const char *topic,
@@ -570,7 +613,16 @@ static bool write_some(struct link *l, int64_t now)
 		}
 		if(l->st != L_UP || (b = l->wr) == NULL) return true;
 		if(l->wr_off == 0){
-			if(l->inflight >= WINDOW) return true;
+			if(l->inflight >= WINDOW || l->ua_n == UNANSWERED_MAX) return true;
+			if(room_left(&l->room) < (long)b->records){
+				/* no room at the peer: wait for its replies; with none to wait for, one
+				 * batch every ROOM_PROBE_MS measures again */
+				if(l->ua_n > 0 || now - l->probe_ms < ROOM_PROBE_MS){
+					l->paced++;
+					return true;
+				}
+				l->probe_ms = now;
+			}
 			if(++l->next_mid == 0) l->next_mid = 1;
 			b->mid = l->next_mid;
 			put_u16(b->pkt + b->mid_at, b->mid);
@@ -586,6 +638,9 @@ static bool write_some(struct link *l, int64_t now)
 		if(l->wr_off < b->len) return true;
 		b->sent = true;
 		l->inflight++;
+		room_sent(&l->room, b->records);
+		l->ua[(l->ua_head + l->ua_n++) % UNANSWERED_MAX] = (struct unanswered){
+			.id = b->id, .records = b->records, .at_ms = now};
 		l->wr = b->next;
 		l->wr_off = 0;
 	}
@@ -612,56 +667,125 @@ static bool puback(struct link *l, uint16_t mid)
 	return false;
 }
 
-/* Read and handle what the peer sent: CONNACK, PUBACK, PINGRESP. False: close it. */
+/* The oldest unanswered batch has its answer (`queued` < 0: no measure). */
+static void answered(struct link *l, long queued, long limit, int64_t now)
+{
+	struct unanswered *u = &l->ua[l->ua_head];
+
+	if(room_answered(&l->room, u->records, queued, limit, now)){
+		l->lifted++;
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "mqfed: link to peer %s: a subscriber there "
+				"has not read for %d s; its queue is no longer waited for (it loses what "
+				"overflows, as on one broker)", l->peer, ROOM_GIVE_UP_MS / 1000);
+	}
+	l->ua_head = (l->ua_head + 1) % UNANSWERED_MAX;
+	l->ua_n--;
+}
+
+static long json_long(const cJSON *o, const char *key, long dflt)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+}
+
+/* An inject reply from the peer's plugin (inject.c): {"batch", "ok", "queued", "bound"}. */
+static void on_reply(struct link *l, const uint8_t *payload, size_t len, int64_t now)
+{
+	cJSON *o = cJSON_ParseWithLength((const char *)payload, len);
+	const cJSON *ok = cJSON_GetObjectItemCaseSensitive(o, "ok");
+	long id = json_long(o, "batch", -1);
+	bool measured = cJSON_IsTrue(ok);
+
+	while(o && id >= 0 && l->ua_n > 0 && l->ua[l->ua_head].id <= (uint64_t)id){
+		if(l->ua[l->ua_head].id == (uint64_t)id){
+			answered(l, measured ? json_long(o, "queued", -1) : -1,
+					json_long(o, "bound", -1), now);
+			break;
+		}
+		answered(l, -1, -1, now); /* an earlier batch whose reply was lost */
+	}
+	cJSON_Delete(o);
+}
+
+/* One packet from the peer; false: close the connection. */
+static bool on_packet(struct link *l, uint8_t type, const uint8_t *body, size_t n, int64_t now)
+{
+	size_t topic_len;
+
+	if(type == 0x20 && n == 2 && l->st == L_CONNACK){
+		if(body[1] != 0){
+			warn(l, body[1] == 4 || body[1] == 5 ? "refused: bad credentials (check the peer "
+					"token)" : "refused by the peer", 0);
+			return false;
+		}
+		l->st = L_UP;
+		l->connects++;
+		l->backoff = 0;
+		l->log.logged = false;
+		return true;
+	}
+	if(type == 0x40 && n == 2 && l->st == L_UP){
+		if(puback(l, (uint16_t)(body[0] << 8 | body[1]))) return true;
+		warn(l, "a PUBACK for no batch", 0);
+		return false;
+	}
+	if(type == 0xD0 && n == 0) return true;
+	if((type & 0xF6) == 0x30 && n >= 2 && l->st == L_UP){ /* PUBLISH, QoS 0 */
+		topic_len = (size_t)body[0] << 8 | body[1];
+		if(topic_len <= n - 2 && topic_len == strlen(MQFED_INJECT_REPLY)
+				&& memcmp(body + 2, MQFED_INJECT_REPLY, topic_len) == 0){
+			on_reply(l, body + 2 + topic_len, n - 2 - topic_len, now);
+		}
+		return true;
+	}
+	warn(l, "unexpected packet from the peer", 0);
+	return false;
+}
+
+/* Read and handle what the peer sent. False: close it. */
 static bool read_some(struct link *l, int64_t now)
 {
-	ssize_t n;
-	size_t at, need;
-	uint8_t type;
+	ssize_t got;
+	size_t at, len, hdr;
+	uint32_t mult;
+	int i;
 
 	for(;;){
-		n = recv(l->fd, l->in + l->in_len, IN_MAX - l->in_len, MSG_DONTWAIT);
-		if(n == 0){
+		got = recv(l->fd, l->in + l->in_len, IN_MAX - l->in_len, MSG_DONTWAIT);
+		if(got == 0){
 			warn(l, "the peer closed the connection", 0);
 			return false;
 		}
-		if(n < 0){
+		if(got < 0){
 			if(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
 			warn(l, "read failed", errno);
 			return false;
 		}
-		l->in_len += (size_t)n;
+		l->in_len += (size_t)got;
 		l->read_ms = now;
 		at = 0;
-		while(l->in_len - at >= 2){
-			type = l->in[at];
-			need = 2 + (size_t)l->in[at + 1];
-			if(l->in[at + 1] & 0x80 || need > 4){
-				warn(l, "unexpected packet from the peer", 0);
+		for(;;){ /* complete packets: a type byte, a variable length, the body */
+			len = 0;
+			mult = 1;
+			for(i = 1; i <= 4 && at + (size_t)i < l->in_len; i++){
+				len += (size_t)(l->in[at + (size_t)i] & 0x7F) * mult;
+				mult *= 128;
+				if(!(l->in[at + (size_t)i] & 0x80)) break;
+			}
+			if(i > 4){
+				warn(l, "malformed packet from the peer", 0);
 				return false;
 			}
-			if(l->in_len - at < need) break;
-			if(type == 0x20 && need == 4 && l->st == L_CONNACK){
-				if(l->in[at + 3] != 0){
-					warn(l, l->in[at + 3] == 4 || l->in[at + 3] == 5
-							? "refused: bad credentials (check the peer token)"
-							: "refused by the peer", 0);
-					return false;
-				}
-				l->st = L_UP;
-				l->connects++;
-				l->backoff = 0;
-				l->log.logged = false;
-			}else if(type == 0x40 && need == 4 && l->st == L_UP){
-				if(!puback(l, (uint16_t)(l->in[at + 2] << 8 | l->in[at + 3]))){
-					warn(l, "a PUBACK for no batch", 0);
-					return false;
-				}
-			}else if(type != 0xD0 || need != 2){
-				warn(l, "unexpected packet from the peer", 0);
+			if(at + (size_t)i >= l->in_len) break; /* the length is not all in */
+			hdr = 1 + (size_t)i;
+			if(hdr + len > IN_MAX){
+				warn(l, "a packet too large from the peer", 0);
 				return false;
 			}
-			at += need;
+			if(l->in_len - at < hdr + len) break;
+			if(!on_packet(l, l->in[at], l->in + at + hdr, len, now)) return false;
+			at += hdr + len;
 		}
 		memmove(l->in, l->in + at, l->in_len - at);
 		l->in_len -= at;
@@ -670,7 +794,13 @@ static bool read_some(struct link *l, int64_t now)
 
 static void link_tick(struct link *l, int64_t now)
 {
-	if(l->rec_count && !seal(l)) warn(l, "out of memory sealing a batch", 0);
+	while(l->rec_count){
+		if(!seal_some(l, batch_records(l))){
+			warn(l, "out of memory sealing a batch", 0);
+			break;
+		}
+	}
+	while(l->ua_n > 0 && now - l->ua[l->ua_head].at_ms > REPLY_WAIT_MS) answered(l, -1, -1, now);
 	if(l->st == L_DOWN){
 		if(now < l->retry_at) return;
 		start_connect(l, now);
@@ -766,6 +896,10 @@ cJSON *linkout_links_json(void)
 		cJSON_AddNumberToObject(o, "held_bytes", (double)l->held_bytes);
 		cJSON_AddNumberToObject(o, "connects", (double)l->connects);
 		cJSON_AddNumberToObject(o, "failures", (double)l->failures);
+		cJSON_AddNumberToObject(o, "paced", (double)l->paced);
+		cJSON_AddNumberToObject(o, "lifted", (double)l->lifted);
+		cJSON_AddNumberToObject(o, "bound", (double)l->room.limit);
+		cJSON_AddNumberToObject(o, "peer_queued", (double)l->room.queued);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;

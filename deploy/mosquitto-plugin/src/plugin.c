@@ -512,8 +512,9 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 	}else{
 		origin_event();
 	}
-	if(linkin_conn(ed->client)){ /* a peer's plugin: its batches, nothing else */
-		return ed->access == MOSQ_ACL_WRITE && streq(ed->topic, MQFED_INJECT_TOPIC)
+	if(linkin_conn(ed->client)){ /* a peer's plugin: its batches and their replies only */
+		return (ed->access == MOSQ_ACL_WRITE && streq(ed->topic, MQFED_INJECT_TOPIC))
+			|| (ed->access == MOSQ_ACL_READ && streq(ed->topic, MQFED_INJECT_REPLY))
 			? MOSQ_ERR_SUCCESS : MOSQ_ERR_ACL_DENIED;
 	}
 	if(is_sidecar(ed->client)){

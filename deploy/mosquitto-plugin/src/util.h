@@ -3,8 +3,8 @@
  *
  * Modules, each with its own header, lowest first; a module includes only headers of modules
  * before it, and keeps its state static: util, ftrie, sidecar, events, calib, will, inflight,
- * model, subopts, shed, cut, origin, batch, inject, linkin, linkout, recent, journal, capbuf,
- * capture, hold, commands, plugin (which alone wires them to Mosquitto's callbacks).
+ * model, subopts, shed, cut, origin, batch, inject, linkin, room, linkout, recent, journal,
+ * capbuf, capture, hold, commands, plugin (which alone wires them to Mosquitto's callbacks).
  *
  * The plugin is single threaded: Mosquitto 2.0 calls every callback from its main loop.
  * The contract with the sidecar is docs/plugin-protocol.md.

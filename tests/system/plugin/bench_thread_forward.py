@@ -64,6 +64,7 @@ plugin {plugin}
 plugin_opt_sidecar_secret {secret}
 plugin_opt_capture_socket {capture}
 plugin_opt_link_secret {link_secret}
+plugin_opt_max_queued_messages 1000
 persistence false
 allow_anonymous true
 log_dest stderr

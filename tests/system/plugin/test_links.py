@@ -99,13 +99,15 @@ class Pair:
     """Node a (capture on, its fake sidecar and `.fwd` on `t/#`, a publisher) links to node b
     (a subscriber on `t/#`), directly or through a Proxy."""
 
-    def __init__(self, make_broker, clients, request, proxy: bool = False) -> None:
+    def __init__(self, make_broker, clients, request, proxy: bool = False,
+                 b_opts: dict | None = None, b_extra: str = "") -> None:
         self.clients = clients
         d = mosquitto_dir()
         self.peer = CapturePeer(str(d / "capture.sock"))
         request.addfinalizer(self.peer.close)
         self.a = make_broker(name="a", opts={"capture_socket": str(d / "capture.sock")})
-        self.b = make_broker(name="b", opts={"link_secret": LINK_SECRET})
+        self.b = make_broker(name="b", opts={"link_secret": LINK_SECRET, **(b_opts or {})},
+                             extra=b_extra)
         self.sa = clients(FakeSidecar(self.a.sock)).start()
         self.sb = clients(FakeSidecar(self.b.sock)).start()
         self.fwd = clients(RawClient(SIDECAR_ID + ".fwd", sock=self.a.sock,
@@ -361,3 +363,38 @@ def test_links_are_valgrind_clean(make_broker, clients, request, tmp_path):
     assert rc == 0, f"exit code {rc}\n{report[-4000:]}"
     assert "definitely lost: 0 bytes" in report or "no leaks are possible" in report, \
         report[-4000:]
+
+
+class SlowReader(RawClient):
+    """A subscriber that takes `delay` seconds over each QoS 1 message before its PUBACK."""
+
+    def __init__(self, *args, delay: float, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.delay = delay
+
+    def _handle(self, first: int, body: bytes) -> None:
+        if first >> 4 == 3:
+            time.sleep(self.delay)
+        super()._handle(first, body)
+
+
+def test_a_link_paces_itself_to_a_slow_subscribers_queue(make_broker, clients, request):
+    """B's subscriber reads ~400 messages/s with a Receive Maximum of 10 and B's
+    `max_queued_messages` is 100; 2,000 QoS 1 messages published flat out on A reach it all,
+    in order: the link sends while the queue B measures after each batch (its reply) plus what
+    is unanswered stays under half the bound. Without that B drops what overflows."""
+    pair = Pair(make_broker, clients, request, b_opts={"max_queued_messages": 100},
+                b_extra="max_queued_messages 100")
+    slow = clients(SlowReader("slow", port=pair.b.port, receive_maximum=10, delay=0.0025))
+    slow.connect()
+    assert slow.subscribe("t/slow", 1) == [1]
+    pair.link()
+    pair.wait_up()
+    sent = [f"s{i:04d}".encode() for i in range(2000)]
+    for payload in sent:
+        pair.pub.publish("t/slow", payload, qos=1)
+    got = slow.wait_messages(lambda m: True, count=2000, timeout=40)
+    assert [m.payload for m in got] == sent
+    assert "dropped" not in pair.b.log()
+    st = pair.links()["list"][0]
+    assert st["paced"] > 0, st
