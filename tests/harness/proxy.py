@@ -13,15 +13,19 @@ __all__ = ["CuttableProxy"]
 
 class CuttableProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target`. `cut()` black-holes it (nothing is
-    forwarded, new connections hang unanswered, like a partition); `restore()` heals it and
-    the stalled data flows again; `drop()` resets the connections it holds, losing what they
-    carried (a crashed machine's unsent bytes). Threads only: `close()` stops it all."""
+    forwarded, new connections hang unanswered, like a partition); `hold_answers()` stops only
+    what the target sends back (its acknowledgements are held while requests still reach it);
+    `restore()` heals both and the stalled data flows again; `drop()` resets the connections it
+    holds, losing what they carried (a crashed machine's unsent bytes). Threads only: `close()`
+    stops it all."""
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.port = free_port()
         self._open = threading.Event()
         self._open.set()
+        self._answers = threading.Event()   # what the target sends back may pass
+        self._answers.set()
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -36,8 +40,12 @@ class CuttableProxy:
     def cut(self) -> None:
         self._open.clear()
 
+    def hold_answers(self) -> None:
+        self._answers.clear()
+
     def restore(self) -> None:
         self._open.set()
+        self._answers.set()
 
     def drop(self) -> None:
         """Reset every current connection (RST both ways); bytes held in the proxy or its
@@ -54,6 +62,7 @@ class CuttableProxy:
     def close(self) -> None:
         self._closed = True
         self._open.set()
+        self._answers.set()
         with self._lock:
             for sock in self._sockets:
                 sock.close()
@@ -74,15 +83,16 @@ class CuttableProxy:
                 continue
             with self._lock:
                 self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True,
+            for src, dst, gate in ((client, upstream, self._open),
+                                   (upstream, client, self._answers)):
+                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True,
                                  name="proxy-pump").start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
         src.settimeout(0.2)
         while not self._closed:
-            if not self._open.wait(0.2):
-                continue  # cut: stop reading, so nothing passes either way
+            if not self._open.wait(0.2) or not gate.wait(0.2):
+                continue  # cut (or answers held): stop reading, so nothing passes
             try:
                 data = src.recv(65536)
             except TimeoutError:
@@ -92,6 +102,7 @@ class CuttableProxy:
             if not data:
                 break
             self._open.wait()
+            gate.wait()
             try:
                 dst.sendall(data)
             except OSError:

@@ -65,14 +65,6 @@ plugin_opt_sidecar_secret {secret}
 plugin_opt_capture_socket {capture}
 plugin_opt_link_secret {link_secret}
 plugin_opt_max_queued_messages 1000
-persistence false
-allow_anonymous true
-log_dest stderr
-log_type error
-log_type warning
-log_type notice
-listener 0 {sock}
-listener {port} 127.0.0.1
 """
 VALGRIND = ["valgrind", "--error-exitcode=99", "--leak-check=full",
             "--errors-for-leak-kinds=definite", "--log-file={log}"]
@@ -140,7 +132,8 @@ class LinkPair:
         conf = self.run_dir / f"{name}.conf"
         conf.write_text(LINK_LINES.format(
             plugin=PLUGIN_SO, secret=SECRET, capture=self.run_dir / f"{name}-capture.sock",
-            link_secret=LINK_SECRET, sock=self.run_dir / f"{name}.sock", port=port))
+            link_secret=LINK_SECRET) + COMMON.format(port=port)
+            + f"listener 0 {self.run_dir / f'{name}.sock'}\n")
         log = self.run_dir / f"{name}.log"
         popen, ref = spawn([mosquitto_binary(), "-c", str(conf)], log, (str(conf),))
         self.refs[name] = ref

@@ -5,15 +5,13 @@ injected there (its subscribers get it in order, with its properties); nothing r
 capture socket for it. After a cut connection the link writes again what was not PUBACKed and
 the peer drops what it had injected. A link needs the peer's link secret, and may only inject.
 
-Two real Mosquittos with the plugin; a fault-injecting TCP proxy between them where a test
-cuts the connection."""
+Two real Mosquittos with the plugin; the harness's cuttable TCP proxy between them where a
+test holds the answers back and resets the connection."""
 
 from __future__ import annotations
 
 import re
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 
 from sidecar.local.batch import Record, encode_batch
 from tests.harness.procs import wait_for
+from tests.harness.proxy import CuttableProxy
 from tests.system.plugin.capture_peer import CapturePeer
 from tests.system.plugin.helpers import (
     SECRET,
@@ -38,61 +37,6 @@ pytestmark = pytest.mark.timeout(90)
 
 LINK_SECRET = "link-secret-0123456789abcdef"
 USER_PROPS = b"\x26\x00\x01k\x00\x01v"
-
-
-class Proxy:
-    """TCP from a local port to `port`; `cut()` closes every connection, `hold_acks` stops
-    passing what the broker answers (its PUBACKs) while it is set."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.hold_acks = False
-        self.closed = False
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                a, _ = self.srv.accept()
-                b = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                return
-            with self.lock:
-                self.conns += [a, b]
-            threading.Thread(target=self._pump, args=(a, b, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if not (answers and self.hold_acks):
-                    dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        with self.lock:
-            for s in self.conns:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-            self.conns = []
-
-    def close(self) -> None:
-        self.closed = True
-        self.cut()
-        self.srv.close()
 
 
 class Pair:
@@ -117,7 +61,7 @@ class Pair:
         assert self.fwd.subscribe("t/#", 2, no_local=True) == [2]
         assert self.fwd.subscribe("u/#", 2, no_local=True) == [2]
         self.peer.wait_hellos(1)
-        self.proxy = Proxy(self.b.port) if proxy else None
+        self.proxy = CuttableProxy(self.b.port) if proxy else None
         if self.proxy:
             request.addfinalizer(self.proxy.close)
         self.sub = clients(Client("sub", port=self.b.port))
@@ -193,14 +137,14 @@ def test_a_cut_link_sends_again_what_was_not_acked_and_the_peer_drops_repeats(
     for i in range(20):
         pair.pub.publish("t/a", f"first{i}".encode(), qos=1)
     pair.sub.wait_messages(lambda m: True, count=20)
-    pair.proxy.hold_acks = True      # b injects the next ones, a never hears so
+    pair.proxy.hold_answers()        # b injects the next ones, a never hears so
     for i in range(30):
         pair.pub.publish("t/a", f"second{i}".encode(), qos=1)
     pair.sub.wait_messages(lambda m: True, count=50)
     time.sleep(0.3)
     assert pair.links()["held_bytes"] > 0
-    pair.proxy.hold_acks = False
-    pair.proxy.cut()                 # a reconnects and writes them again (DUP)
+    pair.proxy.drop()                # a reconnects and writes them again (DUP)
+    pair.proxy.restore()
     for i in range(10):
         pair.pub.publish("t/a", f"third{i}".encode(), qos=1)
     pair.sub.wait_messages(lambda m: True, count=60)
@@ -309,7 +253,7 @@ def test_links_are_valgrind_clean(make_broker, clients, request, tmp_path):
     fwd.connect(timeout=20)
     assert fwd.subscribe("t/#", 2, no_local=True) == [2]
     peer.wait_hellos(1, timeout=20)
-    proxy = Proxy(b.port)
+    proxy = CuttableProxy(b.port)
     request.addfinalizer(proxy.close)
     sub = clients(Client("sub", port=b.port))
     sub.connect(timeout=20)
@@ -335,12 +279,12 @@ def test_links_are_valgrind_clean(make_broker, clients, request, tmp_path):
         else:
             pub.publish("t/a", f"m{i}".encode(), qos=i % 3, props=USER_PROPS)
     assert len(sub.wait_messages(lambda m: True, count=24, timeout=30)) >= 24
-    proxy.hold_acks = True
+    proxy.hold_answers()
     for i in range(6):
         pub.publish("t/b", f"h{i}".encode(), qos=1)
     sub.wait_messages(lambda m: m.topic == "t/b", count=12, timeout=30)
-    proxy.hold_acks = False
-    proxy.cut()
+    proxy.drop()
+    proxy.restore()
     wait_for(lambda: stats()["held_bytes"] == 0, 30, "every batch PUBACKed")
     assert stats()["in_duplicates"] >= 1
     # a refused link and one to a closed port keep what they take until the exit
