@@ -254,6 +254,11 @@ void mqfh_put(uint8_t *out, uint64_t epoch, uint64_t next_seq)
 	put64(out + 16, next_seq);
 }
 
+size_t mqfb_encoded_size(const uint8_t *rec)
+{
+	return 4 + (size_t)le32(rec);
+}
+
 size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
 		uint32_t payload_len)
 {

@@ -63,6 +63,8 @@ void mqfh_put(uint8_t *out, uint64_t epoch, uint64_t next_seq);
  * out). *out is malloc'd (NULL, *len 0 when there are none); false when out of memory or
  * longer than 1 MiB. */
 bool mqfb_encode_props(const mosquitto_property *props, uint8_t **out, uint32_t *len);
+/* Bytes of the encoded record at `rec` (its u32 length prefix included). */
+size_t mqfb_encoded_size(const uint8_t *rec);
 /* Bytes of an encoded record (its u32 length included). */
 size_t mqfb_record_size(size_t topic_len, size_t client_len, uint32_t props_len,
 		uint32_t payload_len);

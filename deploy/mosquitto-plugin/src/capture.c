@@ -425,10 +425,10 @@ static void age_expiry(const struct ident *id)
 	}
 }
 
-/* Append the record of `id` (its topic and payload from the READ check: the store's own). */
+/* Append the record of `id` (its topic and payload from the READ check: the store's own;
+ * its expiry aged already). */
 static bool append(const struct ident *id, const char *topic, const void *payload)
 {
-	age_expiry(id);
 	return capbuf_append(MQFB_KIND_MESSAGE, id->qos, id->retain, topic, strlen(topic),
 			id->client, id->client_len, id->props, id->props_len, payload, id->len);
 }

@@ -189,13 +189,6 @@ static void reply_ok(const struct request *rq)
 	reply_send(rq, reply_new(rq, true));
 }
 
-static const char *get_str(const cJSON *req, const char *key)
-{
-	const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, key);
-
-	return cJSON_IsString(j) ? j->valuestring : NULL;
-}
-
 /* A non-negative integer field; false if missing or not an integer. */
 static bool get_uint(const cJSON *req, const char *key, uint64_t *out)
 {
@@ -279,7 +272,7 @@ static void cmd_snapshot(const struct request *rq)
 static void cmd_resume(const struct request *rq, const cJSON *req)
 {
 	uint64_t from, oldest = ev_oldest();
-	const char *epoch = get_str(req, "epoch");
+	const char *epoch = cjson_get_str(req, "epoch");
 	bool ok;
 	cJSON *o;
 
@@ -343,8 +336,8 @@ static const char *deliver_item(const char *client, struct client *c, const cJSO
 
 static void cmd_deliver(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
-	const char *subscription = get_str(req, "subscription");
+	const char *client = cjson_get_str(req, "client");
+	const char *subscription = cjson_get_str(req, "subscription");
 	const char *error;
 	struct client *c;
 	cJSON *o;
@@ -385,7 +378,7 @@ static void cmd_deliver(const struct request *rq, const cJSON *req)
  * on the first bad one, stops and says how many went before it (`delivered`). */
 static void cmd_deliver_batch(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	const cJSON *items = cJSON_GetObjectItemCaseSensitive(req, "messages");
 	const cJSON *item;
 	const char *error = NULL;
@@ -418,7 +411,7 @@ static void cmd_deliver_batch(const struct request *rq, const cJSON *req)
 
 static void cmd_kick(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	const cJSON *ww = cJSON_GetObjectItemCaseSensitive(req, "with_will");
 	struct client *c;
 	struct mosquitto *conn;
@@ -449,8 +442,8 @@ static void cmd_kick(const struct request *rq, const cJSON *req)
  * restarted node puts every session held elsewhere on the list). */
 static void cmd_deny(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
-	const char *mode = get_str(req, "mode");
+	const char *client = cjson_get_str(req, "client");
+	const char *mode = cjson_get_str(req, "mode");
 	const cJSON *clients = cJSON_GetObjectItemCaseSensitive(req, "clients");
 	const cJSON *item;
 	enum deny_mode m;
@@ -495,7 +488,7 @@ static void cmd_deny(const struct request *rq, const cJSON *req)
  * cuts) a live ring without what the old copy had. */
 static void cmd_hold(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	const cJSON *on = cJSON_GetObjectItemCaseSensitive(req, "on");
 	const cJSON *ring = cJSON_GetObjectItemCaseSensitive(req, "ring");
 	const cJSON *live = cJSON_GetObjectItemCaseSensitive(req, "live");
@@ -536,7 +529,7 @@ static void cmd_hold(const struct request *rq, const cJSON *req)
 /* What a moving session's old copy granted (identities), for its new copy to skip. */
 static void cmd_granted(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	cJSON *o, *list;
 
 	if(client == NULL){
@@ -559,7 +552,7 @@ static void cmd_granted(const struct request *rq, const cJSON *req)
  * SUBSCRIBE of a filter the session has cannot change them in Mosquitto 2.0.11. */
 static void cmd_sub_options(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	const cJSON *subs = cJSON_GetObjectItemCaseSensitive(req, "subscriptions");
 	const cJSON *item;
 	const char *error;
@@ -586,7 +579,7 @@ static void cmd_sub_options(const struct request *rq, const cJSON *req)
 
 static void cmd_admit(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	struct id_entry *d;
 
 	if(client == NULL){
@@ -657,7 +650,7 @@ static void cmd_catchup(const struct request *rq, const cJSON *req)
 		return;
 	}
 	cJSON_ArrayForEach(it, list){
-		filter = get_str(it, "filter");
+		filter = cjson_get_str(it, "filter");
 		if(!valid_filter(filter) || !get_uint(it, "since", &since) || since > INT64_MAX){
 			err = "bad_request";
 			break;
@@ -719,7 +712,7 @@ static void cmd_pressure(const struct request *rq, const cJSON *req)
 /* Fire and forget: copies the sidecar confirmed, as base64 of 8-byte fingerprints. */
 static void cmd_confirm(const cJSON *req)
 {
-	const char *fps = get_str(req, "fps");
+	const char *fps = cjson_get_str(req, "fps");
 	unsigned char *raw = NULL;
 	size_t len = 0;
 
@@ -895,7 +888,7 @@ static void cmd_stats(const struct request *rq)
  * drops those first (that node has them). */
 static void cmd_unreleased(const struct request *rq, const cJSON *req)
 {
-	const char *client = get_str(req, "client");
+	const char *client = cjson_get_str(req, "client");
 	const cJSON *forget = cJSON_GetObjectItemCaseSensitive(req, "forget");
 	struct client *c;
 	cJSON *o;
@@ -918,7 +911,7 @@ static void cmd_unreleased(const struct request *rq, const cJSON *req)
  * iteration): the client then gets the PUBREL it waits for. */
 static void cmd_release(const struct request *rq, const cJSON *req)
 {
-	const char *error = inflight_release(get_str(req, "client"),
+	const char *error = inflight_release(cjson_get_str(req, "client"),
 			cJSON_GetObjectItemCaseSensitive(req, "messages"));
 
 	if(error) reply_error(rq, error);
@@ -963,13 +956,13 @@ void commands_on_control(const struct mosquitto_evt_control *ed)
 		cJSON_Delete(req);
 		return;
 	}
-	rq.id = get_str(req, "id");
-	rq.reply = get_str(req, "reply");
-	rq.cmd = get_str(req, "cmd");
+	rq.id = cjson_get_str(req, "id");
+	rq.reply = cjson_get_str(req, "reply");
+	rq.cmd = cjson_get_str(req, "cmd");
 	v = cJSON_GetObjectItemCaseSensitive(req, "v");
 
 	if(streq(rq.cmd, "ack") && cJSON_IsNumber(v) && v->valuedouble == 1){
-		const char *epoch = get_str(req, "epoch");
+		const char *epoch = cjson_get_str(req, "epoch");
 		if(epoch && !streq(epoch, ev_epoch())){
 			/* an ack for an earlier plugin run: acking now would drop this run's events */
 		}else if(get_uint(req, "seq", &seq)){

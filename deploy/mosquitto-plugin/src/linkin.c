@@ -63,22 +63,27 @@ static void seen_free(struct seen *s)
 	free(s);
 }
 
+/* Whether a live link connection uses this state. */
+static bool in_use(const struct seen *s)
+{
+	struct live *l, *tmp;
+
+	HASH_ITER(hh, lives, l, tmp){
+		if(l->seen == s) return true;
+	}
+	return false;
+}
+
 /* The state of a link client id, made if needed; NULL when out of memory. */
 static struct seen *seen_for(const char *id)
 {
 	struct seen *s, *tmp, *oldest = NULL;
-	struct live *l, *ltmp;
-	bool in_use;
 
 	HASH_FIND_STR(seen_by_id, id, s);
 	if(s) return s;
 	if(n_seen >= SEEN_MAX){
 		HASH_ITER(hh, seen_by_id, s, tmp){
-			in_use = false;
-			HASH_ITER(hh, lives, l, ltmp){
-				if(l->seen == s) in_use = true;
-			}
-			if(!in_use && (oldest == NULL || s->used_ms < oldest->used_ms)) oldest = s;
+			if(!in_use(s) && (oldest == NULL || s->used_ms < oldest->used_ms)) oldest = s;
 		}
 		if(oldest == NULL) return NULL;
 		seen_free(oldest);
@@ -174,21 +179,14 @@ void linkin_injected(const struct mosquitto *conn, uint64_t seq, uint64_t duplic
 void linkin_tick(void)
 {
 	struct seen *s, *tmp;
-	struct live *l, *ltmp;
 	int64_t now;
-	bool in_use;
 
 	if(n_seen == 0) return;
 	now = mono_ms();
 	if(now - last_sweep_ms < SWEEP_MS) return;
 	last_sweep_ms = now;
 	HASH_ITER(hh, seen_by_id, s, tmp){
-		if(now - s->used_ms < FORGET_MS) continue;
-		in_use = false;
-		HASH_ITER(hh, lives, l, ltmp){
-			if(l->seen == s) in_use = true;
-		}
-		if(!in_use) seen_free(s);
+		if(now - s->used_ms >= FORGET_MS && !in_use(s)) seen_free(s);
 	}
 }
 

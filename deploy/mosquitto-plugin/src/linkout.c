@@ -190,13 +190,6 @@ static struct link *find(const char *peer)
 	return NULL;
 }
 
-static const char *get(const cJSON *o, const char *key)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-
-	return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* A numeric address (no name lookup on Mosquitto's thread: the sidecar resolves). */
 static bool parse_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len)
 {
@@ -239,10 +232,10 @@ static const char *check_entry(const cJSON *e, const char **peer, const char **h
 	struct sockaddr_storage ss;
 	socklen_t len;
 
-	*peer = get(e, "peer");
-	*host = get(e, "host");
-	*user = get(e, "username");
-	*pass = get(e, "password");
+	*peer = cjson_get_str(e, "peer");
+	*host = cjson_get_str(e, "host");
+	*user = cjson_get_str(e, "username");
+	*pass = cjson_get_str(e, "password");
 	if(!cJSON_IsObject(e)) return "a link is not an object";
 	if(!short_utf8(*peer) || strchr(*peer, '/') || strchr(*peer, '+') || strchr(*peer, '#')){
 		return "peer: 1-100 characters, no '/', '+' or '#'";
@@ -260,7 +253,7 @@ static const char *check_entry(const cJSON *e, const char **peer, const char **h
 const char *linkout_configure(const cJSON *req, const char **why)
 {
 	const cJSON *list = cJSON_GetObjectItemCaseSensitive(req, "links"), *e;
-	const char *node = get(req, "node"), *peer, *host, *user, *pass;
+	const char *node = cjson_get_str(req, "node"), *peer, *host, *user, *pass;
 	struct link *l;
 	char id[256];
 	int port, n = 0;
@@ -334,7 +327,7 @@ const char *linkout_filters(const cJSON *req, const char **why)
 {
 	const cJSON *add = cJSON_GetObjectItemCaseSensitive(req, "add");
 	const cJSON *remove = cJSON_GetObjectItemCaseSensitive(req, "remove"), *f;
-	const char *peer = get(req, "peer");
+	const char *peer = cjson_get_str(req, "peer");
 	struct link *l = peer ? find(peer) : NULL;
 
 	*why = NULL;
@@ -394,11 +387,6 @@ static size_t put_varint(uint8_t *p, size_t v)
 	return n;
 }
 
-static uint32_t le32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* Seal the first `max` records built so far (all: at most BATCH_RECORDS_MAX) into a PUBLISH
  * of one batch. */
 static bool seal_some(struct link *l, uint32_t max)
@@ -409,7 +397,7 @@ static bool seal_some(struct link *l, uint32_t max)
 
 	if(l->rec_count == 0) return true;
 	while(count < max && count < l->rec_count){ /* each record: its u32 length, then it */
-		len += 4 + le32(l->rec + len);
+		len += mqfb_encoded_size(l->rec + len);
 		count++;
 	}
 	body = 2 + topic_len + 2 + MQFB_HEADER_LEN + len;

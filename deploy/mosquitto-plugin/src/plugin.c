@@ -262,11 +262,6 @@ static int parse_options(struct mosquitto_opt *opts, int count, struct module_op
 
 /* ---- access ---------------------------------------------------------------------------- */
 
-static bool secret_ok(const char *password)
-{
-	return secret_equal(password, secret);
-}
-
 /* Not a live connection but a session Mosquitto checks on behalf of: an offline session
  * (state "disconnected"), or check_retain_source's zeroed stack copy of the publisher of a
  * retained message (state "new", no address; retain.c). A connecting client is "new" too, but
@@ -595,7 +590,7 @@ static void log_refused_identity(const char *id, const char *username, const cha
 static bool proves_sidecar(struct mosquitto *client, const char *id, const char *username,
 		const char *password, bool by_id)
 {
-	if(!streq(username, MQFED_SIDECAR_USER) || !secret_ok(password)){
+	if(!streq(username, MQFED_SIDECAR_USER) || !secret_equal(password, secret)){
 		log_refused_identity(id, username, by_id ? "it uses the sidecar's client id without "
 				"its credentials" : "it uses the sidecar's username without its secret");
 		return false;

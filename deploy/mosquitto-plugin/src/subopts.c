@@ -148,6 +148,12 @@ static struct leaf_mirror *find_leaf(struct mosquitto *client, const char *id,
 	return NULL;
 }
 
+/* A leaf's No Local and Retain As Published, as bits of the subscription options byte. */
+static uint8_t leaf_options(const struct leaf_mirror *l)
+{
+	return (uint8_t)((l->no_local ? 0x04 : 0) | (l->retain_as_published ? 0x08 : 0));
+}
+
 static void set_broken(void)
 {
 	broken = true;
@@ -167,20 +173,20 @@ const char *subopts_set(const char *id, const char *filter, uint8_t options)
 	struct client *c = model_find(id);
 	struct leaf_mirror *l;
 	bool shared = strncmp(filter, "$share/", 7) == 0;
+	int qos;
 
 	if(c == NULL) return "unknown_client";
-	if(!model_client_has_sub(c, filter)) return "not_subscribed";
+	if((qos = model_sub_qos(c, filter)) < 0) return "not_subscribed";
 	if(broken || &db == NULL) return "unreadable";
 	l = find_leaf(NULL, id, filter);
 	if(l == NULL) return "not_subscribed";
-	if(l->qos != model_sub_qos(c, filter)){
+	if(l->qos != qos){
 		set_broken();
 		return "unreadable";
 	}
 	l->no_local = !shared && (options & 0x04);
 	l->retain_as_published = (options & 0x08) != 0;
-	model_sub_options(c, filter, (uint8_t)((l->no_local ? 0x04 : 0)
-			| (l->retain_as_published ? 0x08 : 0)), l->identifier);
+	model_sub_options(c, filter, leaf_options(l), l->identifier);
 	return NULL;
 }
 
@@ -189,7 +195,6 @@ void subopts_tick(void)
 	unsigned i;
 	struct leaf_mirror *l;
 	struct client *c;
-	uint8_t options;
 
 	for(i = 0; i < n_pending; i++){
 		if(!broken){
@@ -198,8 +203,7 @@ void subopts_tick(void)
 				set_broken();
 			}else if(l){
 				c = model_find(mosquitto_client_id(l->context));
-				options = (uint8_t)((l->no_local ? 0x04 : 0) | (l->retain_as_published ? 0x08 : 0));
-				if(c) model_sub_options(c, pending[i].filter, options, l->identifier);
+				if(c) model_sub_options(c, pending[i].filter, leaf_options(l), l->identifier);
 			}
 		}
 		free(pending[i].filter);

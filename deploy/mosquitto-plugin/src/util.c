@@ -62,6 +62,14 @@ bool secret_equal(const char *given, const char *expected)
 	return diff == 0 && a == b;
 }
 
+/* The string member `key` of a JSON object (NULL: none, or not a string). */
+const char *cjson_get_str(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
 char *xstrdup(const char *s)
 {
 	return s ? strdup(s) : NULL;

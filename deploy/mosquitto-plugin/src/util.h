@@ -45,6 +45,7 @@ bool topic_in_subtree(const char *topic, const char *root);
 const char *strip_share(const char *filter);
 uint64_t hash_bytes(uint64_t h, const void *data, size_t len);
 void cjson_add_str_or_null(cJSON *o, const char *key, const char *v);
+const char *cjson_get_str(const cJSON *o, const char *key);
 void cjson_add_expiry(cJSON *o, const char *key, int64_t v);
 cJSON *properties_to_json(const mosquitto_property *props);
 size_t properties_size(const mosquitto_property *props);

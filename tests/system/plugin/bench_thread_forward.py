@@ -70,6 +70,24 @@ VALGRIND = ["valgrind", "--error-exitcode=99", "--leak-check=full",
             "--errors-for-leak-kinds=definite", "--log-file={log}"]
 
 
+def start_broker(run_dir: Path, name: str, port: int, conf_text: str, wrap: list[str],
+                 kind: str) -> ProcRef:
+    """Write `<name>.conf` in `run_dir` and start Mosquitto on it (under `wrap`, e.g.
+    valgrind), logging to `<name>.log`; returns once it listens on `port` (stopped again if it
+    does not)."""
+    conf = run_dir / f"{name}.conf"
+    conf.write_text(conf_text)
+    log = run_dir / f"{name}.log"
+    popen, ref = spawn([*wrap, mosquitto_binary(), "-c", str(conf)], log, (str(conf),))
+    deadline = time.monotonic() + (60 if wrap else 10)
+    while not port_open(port):
+        if popen.poll() is not None or time.monotonic() > deadline:
+            stop([ref], timeout=10)   # by its PID, as the caller would have
+            raise RuntimeError(f"{kind} broker {name} did not start; {log}:\n{tail(log)}")
+        time.sleep(0.05)
+    return ref
+
+
 class ProbePair:
     """Broker B, then broker A with the probe forwarding to B; `start()`, then `stop()`."""
 
@@ -80,16 +98,8 @@ class ProbePair:
         self.refs: dict[str, ProcRef] = {}
 
     def _start(self, name: str, port: int, extra: str, wrap: list[str]) -> None:
-        conf = self.run_dir / f"{name}.conf"
-        conf.write_text(COMMON.format(port=port) + extra)
-        log = self.run_dir / f"{name}.log"
-        popen, ref = spawn([*wrap, mosquitto_binary(), "-c", str(conf)], log, (str(conf),))
-        self.refs[name] = ref
-        deadline = time.monotonic() + (60 if wrap else 10)
-        while not port_open(port):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"probe broker {name} did not start; {log}:\n{tail(log)}")
-            time.sleep(0.05)
+        self.refs[name] = start_broker(self.run_dir, name, port,
+                                       COMMON.format(port=port) + extra, wrap, "probe")
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,19 +139,11 @@ class LinkPair:
         self.conns: list = []
 
     def _start(self, name: str, port: int) -> None:
-        conf = self.run_dir / f"{name}.conf"
-        conf.write_text(LINK_LINES.format(
-            plugin=PLUGIN_SO, secret=SECRET, capture=self.run_dir / f"{name}-capture.sock",
-            link_secret=LINK_SECRET) + COMMON.format(port=port)
-            + f"listener 0 {self.run_dir / f'{name}.sock'}\n")
-        log = self.run_dir / f"{name}.log"
-        popen, ref = spawn([mosquitto_binary(), "-c", str(conf)], log, (str(conf),))
-        self.refs[name] = ref
-        deadline = time.monotonic() + 10
-        while not port_open(port):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"link broker {name} did not start; {log}:\n{tail(log)}")
-            time.sleep(0.05)
+        text = (LINK_LINES.format(plugin=PLUGIN_SO, secret=SECRET,
+                                  capture=self.run_dir / f"{name}-capture.sock",
+                                  link_secret=LINK_SECRET)
+                + COMMON.format(port=port) + f"listener 0 {self.run_dir / f'{name}.sock'}\n")
+        self.refs[name] = start_broker(self.run_dir, name, port, text, [], "link")
 
     def start(self) -> None:
         build_plugin()
