@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.system.plugin.helpers import (
@@ -90,7 +91,9 @@ def test_while_the_sidecar_sheds_wanted_qos1_publishes_are_refused_without_will(
     v3.connect()
     info = v3.c.publish("s/x", b"refused-v3", qos=2)     # wanted through the shared filter
     assert v3.wait_disconnected(3)
-    assert not info.is_published()
+    # never acknowledged; paho marks it failed instead (not connected, is_published raises)
+    # when the broker's close reaches its network thread before its own write returned
+    assert info.rc != mqtt.MQTT_ERR_SUCCESS or not info.is_published()
     time.sleep(0.5)
     assert node.watched(b"not-wanted")
     assert not node.watched(b"refused") and not node.watched(b"refused-v3")
