@@ -47,6 +47,7 @@ class Pair:
                  b_opts: dict | None = None, b_extra: str = "") -> None:
         self.clients = clients
         d = mosquitto_dir()
+        request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
         self.peer = CapturePeer(str(d / "capture.sock"))
         request.addfinalizer(self.peer.close)
         self.a = make_broker(name="a", opts={"capture_socket": str(d / "capture.sock")})
@@ -239,6 +240,7 @@ def test_links_are_valgrind_clean(make_broker, clients, request, tmp_path):
     vglog = tmp_path / "valgrind.log"
     supp = str(Path(__file__).with_name("mosquitto.supp"))
     d = mosquitto_dir()
+    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
     peer = CapturePeer(str(d / "capture.sock"))
     request.addfinalizer(peer.close)
     b = make_broker(name="links-valgrind", opts={"capture_socket": str(d / "capture.sock"),
