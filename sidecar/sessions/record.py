@@ -91,6 +91,12 @@ class SessionRecord:
         return self.client_connect_hlc or self.connect_hlc
 
     @property
+    def handed_off(self) -> bool:
+        """Its owner got the session from a drain's hand-off, not from a connect of its
+        client: the copy there may queue only once this record reached it."""
+        return self.client_connect_hlc != 0
+
+    @property
     def version(self) -> Version:
         return Version(self.connect_hlc, self.change_hlc, self.owner)
 

@@ -131,11 +131,14 @@ class Drain:
     """Once every peer confirms that what it routed here so far is in (a barrier), hold the
     session of `client` here (it queues nothing more), take the messages it queued (ending its
     `subscriptions` here), hand them to `owner`, then delete the session here; report with
-    `on_drained`."""
+    `on_drained`. `handed_off`: `owner` has the session from this node's hand-off, so its
+    copy queues only from that record on: the barrier asks `owner` first, the others after
+    (what they route after their barrier then finds that copy queueing)."""
 
     client: str
     owner: str
     subscriptions: tuple[str, ...] = ()
+    handed_off: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -891,7 +894,8 @@ class SessionRegistry:
                 self.holding.add(client)
                 self._unreplicate(client)
                 self._unlive(client, moved_on=True)  # (the plugin hands what it kept in first)
-                return out + [Drain(client, record.owner, tuple(record.subscriptions))]
+                return out + [Drain(client, record.owner, tuple(record.subscriptions),
+                                    handed_off=record.handed_off)]
             self.busy[client] = "discard"
             self._unreplicate(client)
             self._unlive(client, moved_on=True)

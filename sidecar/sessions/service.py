@@ -76,6 +76,9 @@ SYNC_TIMEOUT = 30.0
 """How long a peer whose stream is up has to confirm a barrier (a loaded peer is waited for;
 a peer whose stream goes down is passed over at once: what it routed here before it went
 down reaches a session that no longer queues, the limit docs/architecture.md §5 names)."""
+HANDOFF_SETTLE_WAIT = 5.0
+"""How long a hand-off's target waits, before it answers the old owner's barrier, for what
+the hand-off's record started on that client here (the copy's hold off, or its making)."""
 HANDOVER_RETARGETS = 3  # a drained queue refused by a node its client left goes to the newer
 HANDOVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 TICK = 0.5
@@ -514,14 +517,29 @@ class SessionService:
         task.add_done_callback(self._others.discard)
 
     async def _answer_sync(self, peer: str, client: str, exchange: int, inbound: bool) -> None:
+        record = self.registry.records.get(client)
+        if record is not None and record.handed_off and record.owner == self.node_id:
+            # the copy here queues once what the hand-off's record started is done (its hold
+            # goes off, or it is made): only then may the old owner ask the other peers
+            pending = self._chains.get(client)
+            if pending is not None:
+                await asyncio.wait({pending}, timeout=HANDOFF_SETTLE_WAIT)
         ok = await self.barrier(peer, SYNC_TIMEOUT)
         self._send(peer, wire.synced_frame(client, exchange, ok), reply=inbound)
 
-    async def _sync(self, client: str) -> None:
-        """Every peer's barrier: what each routed here until now is in our Mosquitto."""
+    async def _sync(self, client: str, first: str | None = None) -> None:
+        """Every peer's barrier: what each routed here until now is in our Mosquitto.
+        `first` (a peer) is asked alone before the others."""
+        peers = list(self.peers())
+        if first in peers:
+            peers.remove(first)
+            await self._sync_with(client, [first])
+        await self._sync_with(client, peers)
+
+    async def _sync_with(self, client: str, peers: list[str]) -> None:
         loop = asyncio.get_running_loop()
         waits = []
-        for peer in self.peers():
+        for peer in peers:
             exchange = next(self._exchanges)
             fut = loop.create_future()
             if self._send(peer, wire.sync_frame(client, exchange)):
@@ -554,7 +572,12 @@ class SessionService:
         ok = False
         client = action.client
         cut_mode = self._cuts_with(action.owner)
-        await self._sync(client)
+        if client in self._unpublished:
+            # a hand-off's record goes ahead of the barrier: its target's copy queues from it
+            # on (sent after it, the other peers' barriers could pass first, and what they
+            # routed next was refused by both copies: a rolling restart lost 1 message)
+            self._publish(client)
+        await self._sync(client, first=action.owner if action.handed_off else None)
         cuts = OldCopyCuts()
         if cut_mode:
             # a chain (its client left before the old queue came here): what that queue's

@@ -42,7 +42,7 @@ def test_an_offline_session_goes_to_its_replica_with_the_owner_queue_drained_the
         assert record.connect_hlc > client_connect == record.client_connect_hlc
         assert c.nodes[node].latest_connect("dev") == client_connect
     # the copy on n1 goes to the replica after a barrier, as when the client moves
-    assert c.take("n1", Drain) == [Drain("dev", rep, ("a/#",))]
+    assert c.take("n1", Drain) == [Drain("dev", rep, ("a/#",), handed_off=True)]
     assert c.nodes[rep].counters["adopted"] == 1 and "dev" not in c.nodes[rep].replica
     assert "dev" not in c.nodes[rep].denied  # the client resumes there directly
     c.run("n1", c.nodes["n1"].on_drained("dev", True, c.now))
@@ -94,7 +94,7 @@ def test_without_replicas_the_session_is_made_again_on_another_node():
     assert target in ("n2", "n3")
     [made] = c.take(target, Materialize)
     assert made.record.subscriptions == {"a/#": 1} and not made.replica
-    assert c.take("n1", Drain) == [Drain("dev", target, ("a/#",))]
+    assert c.take("n1", Drain) == [Drain("dev", target, ("a/#",), handed_off=True)]
 
 
 def test_nothing_is_handed_off_when_no_other_node_is_up():
@@ -119,7 +119,8 @@ def test_a_session_made_ahead_then_handed_here_is_drained_where_its_client_conne
     c.run("n1", c.nodes["n1"].set_unavailable(frozenset({"n1", "n3"}), c.now))
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
     assert n2.records["dev"].owner == "n2"
-    assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",))]  # n1's queue goes to n2
+    # n1's queue goes to n2, whose copy queues only from the hand-off's record: asked first
+    assert c.take("n1", Drain) == [Drain("dev", "n2", ("a/#",), handed_off=True)]
     assert c.take("n2", Hold)[-1] == Hold("dev", False)  # and n2's copy queues from now on
     c.take("n2", Discard)
     c.connect("n3", "dev", present=True)
@@ -164,7 +165,7 @@ def test_a_hand_off_racing_the_clients_own_connect_loses_to_it():
         assert (reg.records["dev"].owner, reg.records["dev"].online) == ("n2", True), name
     assert c.take("n2", Kick) == []
     # n1's copy was on its way to n3, which no longer takes it; n1 retries towards n2
-    assert c.take("n1", Drain) == [Drain("dev", "n3", ("a/#",))]
+    assert c.take("n1", Drain) == [Drain("dev", "n3", ("a/#",), handed_off=True)]
     assert not c.nodes["n3"].takes_backlog("dev") and n2.takes_backlog("dev")
     c.run("n1", c.nodes["n1"].on_drained("dev", False, c.now))
     c.now += 2_000
@@ -204,7 +205,7 @@ def test_a_client_another_nodes_claim_is_admitting_is_handed_to_that_node():
     for actions in c.actions.values():
         actions.clear()
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
-    assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",))]
+    assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",), handed_off=True)]
     assert c.take(other, Hold)[-1] == Hold("dev", False)  # queues from the record on
     assert c.nodes[other].takes_backlog("dev")
     c.connect(other, "dev", present=True)  # its own session now
@@ -219,7 +220,7 @@ def test_a_session_handed_to_a_claimant_still_making_its_copy_queues_once_made()
     (it is the session now), instead of refusing everything until its client connects."""
     c, other = claimed_elsewhere(made=False)
     c.run("n1", c.nodes["n1"].hand_off_all(c.now))
-    assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",))]
+    assert c.take("n1", Drain) == [Drain("dev", other, ("a/#",), handed_off=True)]
     c.take(other, Hold)
     c.finish(other)
     assert c.take(other, Hold) == [Hold("dev", False)]
