@@ -238,6 +238,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
                        " (No Local on other nodes; issue 25 slice 2, docs/architecture.md"
                        " \"The C bridge\"); needs forward_shards 1 (left out by default"
                        " with more shards)"),
+        "links": Key(bool, False, None, "EXPERIMENTAL (issue 25): the plugin writes the copies"
+                     " peers want straight to their Mosquittos over its own MQTT links, no"
+                     " sidecar per message (docs/architecture.md \"The C bridge\"). Not yet"
+                     " safe: a session moving under traffic, a peer down or a node crash may"
+                     " lose or reorder messages; needs routing.capture, a peer token, and"
+                     " every node with it on (else links carry nothing)"),
     },
     "catchup": {
         "window": Key(float, 5.0, _between(0, 600), "seconds this node keeps its recent publishes"
@@ -399,6 +405,13 @@ def build_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
             raise ConfigError(f"{where_file}: routing.capture needs routing.forward_shards 1"
                               " (a message a shard's and .fwd's filters match would reach the"
                               " sidecar twice)")
+    if values["routing"]["links"] and not values["routing"]["capture"]:
+        raise ConfigError(f"{where_file}: routing.links needs routing.capture (links carry what"
+                          " the plugin captures)")
+    if values["routing"]["links"] and not (values["grpc"]["token"]
+                                           or values["grpc"]["token_file"]):
+        raise ConfigError(f"{where_file}: routing.links needs a peer token (grpc.token or"
+                          " grpc.token_file): the links' password is derived from it")
     for section, name in (("mqtt", "include"), ("mqtt", "plugin"), ("admin", "token_file"),
                           ("grpc", "token_file"), ("grpc", "tls_cert"), ("grpc", "tls_key"),
                           ("grpc", "tls_ca"), ("membership", "etcd_ca"),

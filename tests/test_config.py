@@ -141,3 +141,13 @@ def test_capture_is_on_by_default_and_needs_one_forwarding_connection():
     with pytest.raises(ConfigError, match="routing.capture needs routing.forward_shards 1"):
         build_config({"node": {"id": "n1"}, "routing": {"capture": True, "forward_shards": 2}},
                      env={})
+
+
+def test_links_are_off_by_default_and_need_capture_and_a_peer_token():
+    assert build_config({"node": {"id": "n1"}}, env={})["routing"]["links"] is False
+    token = {"node": {"id": "n1"}, "grpc": {"token": "t" * 32}}
+    assert build_config(token, env={"MQFED_ROUTING_LINKS": "true"})["routing"]["links"] is True
+    with pytest.raises(ConfigError, match="routing.links needs a peer token"):
+        build_config({"node": {"id": "n1"}}, env={"MQFED_ROUTING_LINKS": "true"})
+    with pytest.raises(ConfigError, match="routing.links needs routing.capture"):
+        build_config(token, env={"MQFED_ROUTING_LINKS": "true", "MQFED_ROUTING_CAPTURE": "false"})

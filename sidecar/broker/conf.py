@@ -156,6 +156,7 @@ class BrokerConfig:
     catchup_bytes: int = 16 << 20
     journal_dir: Path | None = None  # the plugin's journal (sidecar.journal); None: none
     capture_socket: Path | None = None  # the sidecar's capture socket (routing.capture)
+    link_secret: str = ""  # the password of peers' plugin links (routing.links); "": none
 
 
 def render(cfg: BrokerConfig) -> str:
@@ -192,6 +193,8 @@ def render(cfg: BrokerConfig) -> str:
         out.append(f"plugin_opt_journal_dir {cfg.journal_dir}")
     if cfg.capture_socket is not None:
         out.append(f"plugin_opt_capture_socket {cfg.capture_socket}")
+    if cfg.link_secret:
+        out.append(f"plugin_opt_link_secret {cfg.link_secret}")
     if not (user and user.sets_allow_anonymous):
         out.append("allow_anonymous true")
     if not (user and user.sets_max_queued):

@@ -130,8 +130,10 @@ def max_queued_messages(config: NodeConfig) -> int:
     return user.max_queued if user is not None else broker_conf.DEFAULT_MAX_QUEUED
 
 
-def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -> str:
-    """The Mosquitto config text for this node (see sidecar.broker.conf)."""
+def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str,
+                          link_secret: str = "") -> str:
+    """The Mosquitto config text for this node (see sidecar.broker.conf); `link_secret`:
+    the password its peers' links give (`routing.links`; "" for none)."""
     mqtt = config["mqtt"]
     include = Path(mqtt["include"]) if mqtt["include"] else None
     user = user_settings(config)
@@ -145,4 +147,5 @@ def render_mosquitto_conf(config: NodeConfig, layout: NodeLayout, secret: str) -
         catchup_bytes=config["catchup"]["max_bytes"],
         journal_dir=layout.socket_dir if mqtt["journal"] else None,
         capture_socket=layout.capture_socket if config["routing"]["capture"] else None,
+        link_secret=link_secret,
     ))

@@ -38,6 +38,7 @@ from sidecar.node.status import StatusWriter, node_status
 from sidecar.node.sync import PluginSync
 from sidecar.peering.handshake import (
     CAPABILITIES,
+    LINKS,
     RECORDS,
     SESSION_CUTS,
     SESSION_CUTS_ANYWHERE,
@@ -48,6 +49,7 @@ from sidecar.peering.handshake import (
 from sidecar.peering.tls import PeerTls, TlsConfigError, load_peer_tls
 from sidecar.peering.transport import PeerTransportError
 from sidecar.retained.service import link_reader
+from sidecar.routing.links_wiring import LinkWiring, link_secret
 from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.sessions.service import SessionService
@@ -263,13 +265,15 @@ class Node:
 
     def _build_routing(self, secret: str, incarnation: int) -> RoutingService:
         cfg = self.config
+        # cuts need the identities batches give injected messages; records go to the plugin
+        # as batches
+        capabilities = CAPABILITIES if cfg["routing"]["inject_batches"] \
+            else CAPABILITIES - {SESSION_CUTS, SESSION_CUTS_ANYWHERE, RECORDS}
         hello = Hello(cfg.cluster, cfg.node_id, incarnation,
                       grpc_address=cfg.advertised("grpc"), mqtt_address=cfg["mqtt"]["listen"],
                       admin_address=cfg.advertised("admin"),
-                      # cuts need the identities batches give injected messages;
-                      # records go to the plugin as batches
-                      capabilities=CAPABILITIES if cfg["routing"]["inject_batches"]
-                      else CAPABILITIES - {SESSION_CUTS, SESSION_CUTS_ANYWHERE, RECORDS})
+                      capabilities=capabilities | ({LINKS} if cfg["routing"]["links"]
+                                                   else frozenset()))
         socket_path = self.layout.socket_path
         max_queued = max_queued_messages(cfg)
         window = broker_conf.forward_receive_maximum(max_queued)
@@ -305,6 +309,11 @@ class Node:
         snapshot = await self.sync.connect(secret, self.config["mqtt"]["link_timeout"])
         self.routing = self._build_routing(secret, incarnation)
         self.routing.on_peer_hello = self.admin.on_peer_hello
+        if self.config["routing"]["links"]:
+            assert self.link is not None
+            self.routing.links = LinkWiring(self.config.node_id,
+                                            link_secret(self.peer_token), self.link.request)
+            self.routing.links.start()
         routing = self.routing
         link = self.link
         assert link is not None
@@ -403,7 +412,9 @@ class Node:
         # before Mosquitto: a taken port starts nothing; probes answer "not ready" meanwhile
         await self.admin.start()
         if cfg["mqtt"]["manage"]:
-            self.layout.conf_path.write_text(render_mosquitto_conf(cfg, self.layout, secret))
+            self.layout.conf_path.write_text(render_mosquitto_conf(
+                cfg, self.layout, secret,
+                link_secret(self.peer_token) if cfg["routing"]["links"] else ""))
             self.layout.conf_path.chmod(0o600)
             self.layout.prepare_socket_dir()
             self.broker = MosquittoProcess(cfg["mqtt"]["mosquitto"], self.layout.conf_path,

@@ -28,6 +28,7 @@ __all__ = [
     "CATCH_UP",
     "DRAIN",
     "INTEREST_CHUNKS",
+    "LINKS",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "SUPPORTED_MAJORS",
@@ -95,6 +96,10 @@ RECORDS = "records"
 """The node takes plain messages as MQFB records (`MessageBatch.records`) and hands them to
 its plugin as they are (sidecar.routing.records). Listed only with `routing.inject_batches`
 on."""
+LINKS = "links"
+"""The node's Mosquitto takes its peers' plugin links (`routing.links`, experimental: issue
+25) at the Hello's `mqtt_address`, with the password derived from the peer token. Not one of
+`CAPABILITIES`: an option that is off by default, not a feature an older node lacks."""
 CAPABILITIES: frozenset[str] = frozenset({INTEREST_CHUNKS, WILLS, RETAINED, SESSIONS,
                                           SESSION_REPLICAS, DRAIN, CATCH_UP, SESSION_ORDER,
                                           SESSION_CUTS, SESSION_CUTS_ANYWHERE, SESSION_CLAIMS,

@@ -78,6 +78,7 @@ from sidecar.routing.interest import (
 )
 from sidecar.routing.interest_store import InterestPersister, open_store
 from sidecar.routing.lag import InterestLag
+from sidecar.routing.links_wiring import LinkWiring
 from sidecar.routing.pacing import BATCH_MESSAGES, DRAIN_RATE, Pacing
 from sidecar.routing.receiver import (
     DeliverShared,
@@ -215,6 +216,7 @@ class RoutingService(CatchUpWiring):
         self.sessions: PeerFrames | None = None  # the session registry's frames (node sets)
         self.wills: PeerFrames | None = None  # the will table's frames (node sets)
         self.drain: PeerFrames | None = None  # NodeState frames (node sets)
+        self.links: LinkWiring | None = None  # the plugin's links (routing.links; node sets)
         self._barriers = itertools.count(1)
         self.capture = (CaptureIntake(capture_socket, self._on_copies,
                                       self.forwarder.forget_local_acks,
@@ -258,6 +260,8 @@ class RoutingService(CatchUpWiring):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.retained.stop()
+        if self.links is not None:
+            await self.links.stop()
         if self.capture is not None:
             await self.capture.close()
         if self.hops is not None:
@@ -332,6 +336,8 @@ class RoutingService(CatchUpWiring):
                 self._offered_at[peer] = {}
                 self.lag.track(peer)
         self.transport.set_peers(peers)
+        if self.links is not None:
+            self.links.on_view(peers)
 
     def _schedule_removals(self) -> None:
         """The interest of peers that left goes `LEAVE_STEP` keys per loop turn (100,000 keys
@@ -386,6 +392,8 @@ class RoutingService(CatchUpWiring):
     def on_outbound_up(self, peer: str, accept: Accept) -> None:
         log.info("peer stream up", extra={"peer": peer})
         self.on_peer_hello(accept.peer)
+        if self.links is not None:
+            self.links.on_peer_hello(accept.peer, accept.capabilities)
         if INTEREST_CHUNKS in accept.capabilities:
             self._chunked.add(peer)
         else:
@@ -455,11 +463,15 @@ class RoutingService(CatchUpWiring):
             actions = self.remote.apply_snapshot(peer, snapshot)
             self._run_interest(actions, peer if snapshot.last else None,
                                self._catch_up(peer, fresh, actions))
+            if self.links is not None:
+                self.links.on_interest(peer, self.remote.keys(peer))
         elif kind == "interest_delta":
             delta = peer_frames.delta_from(frame.interest_delta)
             fresh = self._catch_up_fresh(peer, delta.since)
             actions = self.remote.apply_delta(peer, delta)
             self._run_interest(actions, peer, self._catch_up(peer, fresh, actions))
+            if self.links is not None:
+                self.links.on_interest(peer, self.remote.keys(peer))
         elif kind == "interest_applied":
             self.lag.on_applied(peer, frame.interest_applied.version, time.monotonic())
         elif kind == "interest_request":
@@ -547,6 +559,8 @@ class RoutingService(CatchUpWiring):
                                                     for a in subs], shard=shard)
             if shard == 0:
                 self.retained.on_broker_reset()  # a new Mosquitto: its retained store is empty
+                if self.links is not None:
+                    self.links.on_plugin_reset()  # nor has its plugin any links
 
     @property
     def counters(self) -> dict[str, int]:
@@ -1094,6 +1108,7 @@ class RoutingService(CatchUpWiring):
             "fwd": self.forward_client.stats(),
             "inject": self.injection.status() if self.injection is not None else None,
             "capture": self.capture.status() if self.capture is not None else None,
+            "links": self.links.status() if self.links is not None else None,
             "overload": self.backpressure.status(),
             **self.counters,
             "retained": self.retained.status(),

@@ -128,3 +128,10 @@ def test_the_capture_socket_is_written_only_when_set():
                    for line in render(_cfg()).splitlines())
     lines = render(_cfg(capture_socket=Path("/r/capture.sock"))).splitlines()
     assert "plugin_opt_capture_socket /r/capture.sock" in lines
+
+
+def test_the_link_secret_is_written_only_when_set():
+    """routing.links: peers' plugin links log in with this password."""
+    assert not any(line.startswith("plugin_opt_link_secret")
+                   for line in render(_cfg()).splitlines())
+    assert "plugin_opt_link_secret abcd" in render(_cfg(link_secret="abcd")).splitlines()
