@@ -186,6 +186,9 @@ class Connect:
     address: str | None
     will: Will | bool | None = None
     """The client's `Will`, False when it set none, None when unknown (unreadable)."""
+    accepted_ms: int | None = None
+    """When Mosquitto accepted it (its CONNACK went out then; `t_ms` is when the plugin
+    reported it, at Mosquitto's next tick). None: an older plugin."""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 Every node holds every record. A record changes only on its owner (the node where the client
 last connected); the newest wins everywhere, by `version`: the connect's HLC first (the latest
-connect wins), then the HLC of the change, then the owner (a tie-break that cannot happen in
-practice: one node never reuses an HLC).
+connect wins; stamped with the time Mosquitto accepted it, so two nodes may stamp the same
+millisecond), then the HLC of the change, then the owner.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sidecar.hlc import HybridClock
+from sidecar.hlc import HybridClock, Timestamp
 from sidecar.local.protocol import SIDECAR_USERNAME as SHADOW_USERNAME
 from sidecar.rendezvous import ranked
 from sidecar.sessions.claims import Claims, OwnClaim
@@ -56,6 +56,8 @@ RESTART_LOOKBACK_MS = 5_000  # a session lost online: its replica replays this f
 DEATH_LOOKBACK_MS = 5_000  # a client online on a dead owner: its replica replays this far back
 SWEEP_MS = 5_000  # how often copies here past their session's expiry are looked for
 LIVE_HOLD_MS = 5_000  # a moved client's live hold waits this long for the old queue
+ARRIVALS_KEEP_MS = 5_000  # how long a peer's record's arrival here is kept (a local connect
+# event lags its accept by far less)
 MOVE_SETTLE_WAIT_MS = 1_500  # a connect elsewhere waits at most this long after a move's
 # connect for its hand-over to settle (the client retries meanwhile: denied)
 
@@ -235,6 +237,10 @@ class SessionRegistry:
     # claims (capability `session-claims`; the adapter)
     claims: Claims = field(init=False)
     claimers: set[str] = field(default_factory=set)
+    # client -> (ms, the connect HLC held before) of each peer's record of it stored here
+    # lately: a local connect is ordered after what this node knew when Mosquitto accepted
+    # it, not when this loop got to its event (a peer's later connect may come in between)
+    arrivals: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=lambda: {
         "moves": 0, "takeovers": 0, "materialized": 0, "drained": 0, "discarded": 0,
         "failures": 0, "clock_drift": 0, "replicated": 0, "promoted": 0,
@@ -248,16 +254,33 @@ class SessionRegistry:
 
     # ---- local events (the plugin) -------------------------------------------------------
     def on_connect(self, client: str, username: str | None, protocol: str, clean_start: bool,
-                   expiry: int | None, session_present: bool, now_ms: int) -> list[Action]:
+                   expiry: int | None, session_present: bool, now_ms: int,
+                   at_ms: int | None = None) -> list[Action]:
+        """`at_ms`: when Mosquitto accepted it (the plugin's time; `now_ms` is when this loop
+        got to it): its place among the client's connects elsewhere. Stamped when it was
+        processed, a connect on a busy node came after a newer connect on another node, and
+        that node kicked its own, newer connection (CI once)."""
         if username == SHADOW_USERNAME:
             self.presence[client] = "shadow"
             return []
         self.presence[client] = "online"
         self._unreplicate(client)
         self.arriving.discard(client)
+        claim = self.claims.own.get(client)
         self.claims.used(client)
         old = self.records.get(client)
-        hlc = self.clock.now(now_ms).pack()
+        at = min(at_ms or now_ms, now_ms)
+        hlc = max(Timestamp(at, 0).pack(), self._known_at(client, old, at) + 1,
+                  claim.hlc + 1 if claim is not None else 0)
+        self.clock.observe(hlc, now_ms)  # (this node's later times follow it)
+        if old is not None and old.owner != self.node_id and old.client_connect > hlc:
+            # a connect elsewhere accepted after this one, whose record came here first:
+            # this connection is taken over already (as in `on_remote`; its Disconnect
+            # follows), and its session, if kept, goes to the newer connect's node
+            self.counters["takeovers"] += 1
+            self.held[client] = (hlc, True)
+            kept = expiry is None or expiry > 0
+            return [Kick(client, with_will=not kept or old.fresh)]
         fresh = clean_start or not session_present
         subs = dict(old.subscriptions) if old and not fresh and not old.deleted else {}
         self.settle_waits.pop(client, None)
@@ -550,6 +573,9 @@ class SessionRegistry:
             mine = self.records.get(record.client)
             if not newer(record, mine):
                 continue
+            kept = [a for a in self.arrivals.get(record.client, ())
+                    if now_ms - a[0] < ARRIVALS_KEEP_MS]
+            self.arrivals[record.client] = kept + [(now_ms, mine.connect_hlc if mine else 0)]
             # its claimant's record of a connect after the claim: the claim did its work
             self.claims.withdrawn(record.client, record.owner, record.connect_hlc)
             local = self.presence.get(record.client)
@@ -610,6 +636,9 @@ class SessionRegistry:
                and c not in self.presence and c not in self.busy]
         for client in old:
             del self.records[client]
+        for client in [c for c, a in self.arrivals.items()
+                       if now_ms - a[-1][0] >= ARRIVALS_KEEP_MS]:
+            del self.arrivals[client]
         return out + ([Forget(tuple(old))] if old else [])
 
     def _expire_copies(self, now_ms: int) -> list[Action]:
@@ -825,6 +854,14 @@ class SessionRegistry:
             self.settle_waits[client] = record.settles_by_ms
             self.counters["settle_waited"] += 1
         return waiting
+
+    def _known_at(self, client: str, record: SessionRecord | None, at_ms: int) -> int:
+        """The connect HLC of `client` this node held at `at_ms` (0: none): `record`'s, or
+        the one before the first peer's record stored here after then."""
+        later = [before for t, before in self.arrivals.get(client, ()) if t > at_ms]
+        if later:
+            return later[0]
+        return record.connect_hlc if record is not None else 0
 
     def _forget(self, client: str) -> tuple[str | None, tuple[int, bool]]:
         """Drop what the local Mosquitto held for `client`; returns it."""

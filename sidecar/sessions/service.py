@@ -233,7 +233,8 @@ class SessionService:
         if isinstance(event, Connect):
             self._run(reg.on_connect(event.client, event.username, event.protocol,
                                      event.clean_start, event.session_expiry,
-                                     event.session_present, now))
+                                     event.session_present, now,
+                                     event.accepted_ms or event.t_ms))
         elif isinstance(event, Subscribe):
             self._run(reg.on_subscribe(event.client, event.filter, event.qos, now,
                                        event.options, event.subscription_id))

@@ -55,6 +55,7 @@ struct pending {
 	bool have_old_expiry;      /* expiry of the live connection it is about to take over */
 	int64_t old_expiry;
 	uint64_t order;            /* resolution order */
+	int64_t at_ms;             /* when it passed BASIC_AUTH (its CONNACK follows at once) */
 };
 
 /* Told of every client's accepted connect (not the sidecar's): plugin.c sets hold.c's. */
@@ -428,6 +429,7 @@ void pending_add(struct mosquitto *conn, const char *id, const char *username)
 		if(p->old_expiry < 0) p->old_expiry = c->expiry;
 	}
 	p->order = ++pending_order;
+	p->at_ms = now_ms();
 	HASH_ADD_PTR(pendings, conn, p);
 }
 
@@ -479,6 +481,7 @@ static void pending_resolve(struct pending *p)
 		cjson_add_expiry(ev, "session_expiry", expiry);
 		cJSON_AddNumberToObject(ev, "keepalive", mosquitto_client_keepalive(conn));
 		cJSON_AddBoolToObject(ev, "session_present", present);
+		cJSON_AddNumberToObject(ev, "accepted_ms", (double)p->at_ms);
 		cjson_add_str_or_null(ev, "address", address);
 		will_add_json(ev, conn);
 	}
