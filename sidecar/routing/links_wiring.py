@@ -28,6 +28,8 @@ LINK_USERNAME = "mqfed-link"
 """The username a link connects with (the plugin's `plugin_opt_link_secret` is its password)."""
 FILTERS_PER_COMMAND = 1000
 """Filters per `link_filters` command (a peer's whole interest goes in several)."""
+SETTLE_POLL = 0.005
+"""Seconds between reads of a link's progress while a barrier waits for it."""
 STATS_EVERY = 2.0
 """Seconds between reads of the plugin's link counters (for `status`)."""
 ANY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -100,6 +102,33 @@ class LinkWiring:
     def status(self) -> dict[str, Any]:
         return {"carrying": self.plan.carrying, "links": sorted(self.plan.links),
                 **self.counters, "plugin": self.plugin}
+
+    async def settled(self, peer: str, timeout: float) -> bool:
+        """Whether every record this node's link to `peer` took until now was PUBACKed by
+        `peer` within `timeout` s (its Mosquitto injected them): a moving session's barrier
+        covers what the links carry. True at once without a link to `peer`."""
+        if peer not in self.plan.links:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        progress = await self._progress(peer)
+        if progress is None:
+            return True
+        target = progress[0]
+        while progress is not None and progress[1] < target:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(SETTLE_POLL)
+            progress = await self._progress(peer)
+        return True
+
+    async def _progress(self, peer: str) -> tuple[int, int] | None:
+        """(records taken, records PUBACKed) of the link to `peer` (None: no such link)."""
+        reply = await self.request("stats")
+        for link in (reply.fields.get("links") or {}).get("list", ()):
+            if link.get("peer") == peer:
+                return int(link.get("records", 0)), int(link.get("acked_records", 0))
+        return None
 
     async def _read_stats(self) -> None:
         while True:

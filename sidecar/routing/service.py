@@ -1008,13 +1008,18 @@ class RoutingService(CatchUpWiring):
             log.info("barrier probe failed: %s", exc, extra={"peer": peer})
             return False
         queue = self.queues.get(peer)
-        if queue is None:
-            return True
-        target = queue.last_key
-        while (oldest := queue.oldest_key()) is not None and oldest <= target:
-            if loop.time() > deadline:
+        if queue is not None:
+            target = queue.last_key
+            while (oldest := queue.oldest_key()) is not None and oldest <= target:
+                if loop.time() > deadline:
+                    return False
+                await asyncio.sleep(0.005)
+        if self.links is not None:  # and what the plugin's link to `peer` took
+            try:
+                return await self.links.settled(peer, max(0.0, deadline - loop.time()))
+            except Exception as exc:  # the plugin did not answer
+                log.info("barrier on a link failed: %s", exc, extra={"peer": peer})
                 return False
-            await asyncio.sleep(0.005)
         return True
 
     def shared_members(self, group: str, filter: str) -> list[str]:

@@ -167,3 +167,38 @@ def test_the_link_password_is_the_same_for_one_token_and_long_enough_for_the_plu
     one = link_secret("token-1" * 5)
     assert one == link_secret("token-1" * 5) and one != link_secret("token-2" * 5)
     assert 16 <= len(one) <= 200
+
+
+class Stats:
+    """A plugin whose link to n2 took 10 records and PUBACKs them 4 per `stats` read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def request(self, cmd: str, **fields: Any) -> Any:
+        if cmd != "stats":
+            return None
+        self.reads += 1
+        acked = min(10, 4 * (self.reads - 1))
+
+        class Reply:
+            pass
+        reply = Reply()
+        reply.fields = {"links": {"list": [{"peer": "n2", "records": 10,  # type: ignore
+                                            "acked_records": acked}]}}
+        return reply
+
+
+async def _settling() -> tuple[bool, int, bool]:
+    plugin = Stats()
+    wiring = LinkWiring("n1", link_secret("t" * 32), plugin.request)
+    wiring.plan.on_view({"n2"})
+    wiring.plan.on_address("n2", A)
+    ok = await wiring.settled("n2", 5.0)
+    return ok, plugin.reads, await wiring.settled("n3", 0.0)
+
+
+def test_a_barrier_waits_until_the_link_to_that_peer_acknowledged_what_it_took():
+    ok, reads, unlinked = asyncio.run(_settling())
+    assert ok and reads == 4  # target read, then 4, 8, 10 acknowledged
+    assert unlinked  # no link to n3: nothing to wait for

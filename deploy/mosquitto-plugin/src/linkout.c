@@ -112,6 +112,7 @@ struct link {
 	unsigned ua_head, ua_n;
 	int64_t probe_ms;
 	uint64_t records, batches, acked, resent, connects, failures, paced, lifted;
+	uint64_t acked_records;        /* records of the PUBACKed batches (a barrier's measure) */
 };
 
 static struct link *links[LINKS_MAX];
@@ -649,6 +650,7 @@ static bool puback(struct link *l, uint16_t mid)
 		l->held_bytes -= b->bytes;
 		l->inflight--;
 		l->acked++;
+		l->acked_records += b->records;
 		free(b);
 		return true;
 	}
@@ -879,6 +881,7 @@ cJSON *linkout_links_json(void)
 		cJSON_AddNumberToObject(o, "records", (double)l->records);
 		cJSON_AddNumberToObject(o, "batches", (double)l->batches);
 		cJSON_AddNumberToObject(o, "acked", (double)l->acked);
+		cJSON_AddNumberToObject(o, "acked_records", (double)l->acked_records);
 		cJSON_AddNumberToObject(o, "resent", (double)l->resent);
 		cJSON_AddNumberToObject(o, "inflight", l->inflight);
 		cJSON_AddNumberToObject(o, "held_bytes", (double)l->held_bytes);

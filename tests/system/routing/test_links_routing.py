@@ -119,3 +119,24 @@ def test_an_unsubscribe_takes_its_filter_off_the_link(cluster_factory):
     pub.close()
     for sub in subs.values():
         sub.close()
+
+
+def test_twenty_moves_under_qos1_traffic_over_links_lose_nothing(cluster_factory):
+    """tests/system/sessions' twenty moves with the links on (a publisher on n2, the client
+    moving n1 → n2 → n3 …): a move's barrier waits for what the links took to be
+    acknowledged, so nothing is lost; the messages went over n2's links."""
+    from tests.system.sessions.test_sessions import _session, _twenty_moves
+
+    cluster = cluster_factory(3, env=LINKS)
+    _carrying(cluster)
+    topic = "moves/links"
+    dev = _session(cluster, "n1", topic)
+    sent = _twenty_moves(cluster, dev, topic, 1, front=False, catch_up=5.0)
+    got = dev.wait_count(len(set(sent)), timeout=30)
+    missing = sorted(set(sent) - set(got))
+    print(f"20 moves over links: {len(sent)} sent, {len(got) - len(set(got))} duplicates")
+    assert not missing, f"lost {len(missing)} of {len(sent)}: {missing[:10]}"
+    assert dev.connects.count(True) == 21, dev.connects
+    time.sleep(2.5)
+    assert _link_records(cluster, "n2", "n1") + _link_records(cluster, "n2", "n3") > 0
+    dev.leave()
