@@ -31,12 +31,18 @@ def test_links_carry_filters_only_once_every_peer_in_the_view_takes_links():
     assert plan.on_interest("n3", {"b"}) == [SetLinkFilters("n3", (), ("c/+",))]
 
 
-def test_a_peer_without_links_takes_every_filter_back_but_the_links_stay():
+def _linked(peer: str, filters: set[str]) -> LinkPlan:
+    """n2 and n3 in the view, both taking links; `peer` wants `filters`."""
     plan = LinkPlan()
     plan.on_view({"n2", "n3"})
     plan.on_address("n2", A)
     plan.on_address("n3", B)
-    plan.on_interest("n2", {"a"})
+    plan.on_interest(peer, filters)
+    return plan
+
+
+def test_a_peer_without_links_takes_every_filter_back_but_the_links_stay():
+    plan = _linked("n2", {"a"})
     # a fourth node that takes no links joins: records go through the sidecars again
     out = plan.on_view({"n2", "n3", "n4"})
     assert out == [SetLinkFilters("n2", (), ("a",))]
@@ -46,11 +52,7 @@ def test_a_peer_without_links_takes_every_filter_back_but_the_links_stay():
 
 
 def test_a_peer_that_leaves_loses_its_link_and_one_that_moves_keeps_it():
-    plan = LinkPlan()
-    plan.on_view({"n2", "n3"})
-    plan.on_address("n2", A)
-    plan.on_address("n3", B)
-    plan.on_interest("n3", {"x"})
+    plan = _linked("n3", {"x"})
     assert plan.on_address("n3", ("127.0.0.2", 1885)) == [
         SetLinks((("n2", *A), ("n3", "127.0.0.2", 1885)))]  # its filters stay on the link
     out = plan.on_view({"n2"})
