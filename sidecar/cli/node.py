@@ -15,6 +15,7 @@ from sidecar.logs import setup_logging
 from sidecar.membership.etcd import MembershipError
 from sidecar.observability.http import MetricsServerError
 from sidecar.private_files import make_private
+from sidecar.tokens import AuthError, read_token
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -38,11 +39,17 @@ def run(args: argparse.Namespace) -> int:
                       config["log"]["debug"])
         if args.print_mosquitto_conf:
             layout = NodeLayout(config.run_dir)
-            print(render_mosquitto_conf(config, layout, layout.prepare()), end="")
+            links = ""
+            if config["routing"]["links"]:  # the password peers' links give (from the token)
+                from sidecar.routing.links_wiring import link_secret
+                grpc = config["grpc"]
+                links = link_secret(grpc["token"]
+                                    or read_token(grpc["token_file"], "peer token"))
+            print(render_mosquitto_conf(config, layout, layout.prepare(), links), end="")
             layout.prepare_socket_dir()  # Mosquitto, started by you, binds the socket there
             return 0
         return asyncio.run(run_node(config))
-    except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError,
+    except (ConfigError, BrokerConfigError, NodeError, BrokerStartError, LinkError, AuthError,
             MembershipError, AdminServerError, MetricsServerError) as exc:
         print(f"mqfed node: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import sys
 from sidecar.devcluster.procs import find
 from sidecar.node.layout import NodeLayout
 from sidecar.procinfo import pid_alive
+from sidecar.routing.links_wiring import link_secret
 from tests.harness.procs import free_port, wait_for
 from tests.system.node.conftest import REPO, node_config
 from tests.system.node.mqtt import Client
@@ -209,3 +210,15 @@ def test_print_mosquitto_conf(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "plugin_opt_sidecar_secret" in result.stdout
     assert "listener 0 /" in result.stdout and "mosquitto.sock" in result.stdout
+    assert "plugin_opt_link_secret" not in result.stdout
+    # routing.links: the password peers' links give, derived from the peer token
+    path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n[grpc]\n'
+                    f'token = "{"k" * 32}"\n[routing]\nlinks = true\n')
+    try:
+        result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config",
+                                 str(path), "--print-mosquitto-conf"], cwd=REPO,
+                                capture_output=True, text=True)
+    finally:
+        NodeLayout(tmp_path / "n1").remove_fallback_socket_dir()
+    assert result.returncode == 0, result.stderr
+    assert f"plugin_opt_link_secret {link_secret('k' * 32)}" in result.stdout.splitlines()
