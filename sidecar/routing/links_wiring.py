@@ -69,15 +69,17 @@ class LinkWiring:
         self.counters = {"commands": 0, "commands_failed": 0, "unresolved": 0}
         self.plugin: dict[str, Any] = {}  # the plugin's `links` stats, read every few seconds
         self._tasks: list[asyncio.Task] = []
+        self._resolving: set[asyncio.Task] = set()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._send_all()), loop.create_task(self._read_stats())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._resolving]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def on_view(self, peers: Mapping[str, str]) -> None:
         """The membership view: node id -> gRPC address of every other node."""
@@ -89,7 +91,9 @@ class LinkWiring:
         if LINKS not in capabilities:
             self._issue(self.plan.on_address(hello.node_id, None))
             return
-        asyncio.get_running_loop().create_task(self._resolve(hello))
+        task = asyncio.get_running_loop().create_task(self._resolve(hello))
+        self._resolving.add(task)  # (a task nobody holds may be collected before it ran)
+        task.add_done_callback(self._resolving.discard)
 
     def on_interest(self, peer: str, keys: Iterable[InterestKey]) -> None:
         """`peer`'s interest now (its plain filters go on its link)."""
