@@ -31,6 +31,13 @@ def read_token(path: str | Path, what: str = "admin token") -> str:
     return token
 
 
+def configured_token(section: Mapping[str, str], what: str) -> str:
+    """The token a config section sets by `token` or in its `token_file` ("" for none)."""
+    if section["token"]:
+        return section["token"]
+    return read_token(section["token_file"], what) if section["token_file"] else ""
+
+
 def check_not_default(token: str | None, what: str, env: Mapping[str, str]) -> None:
     """AuthError if `token` is one of the published example tokens, unless the environment
     allows them explicitly (`MQFED_ALLOW_DEFAULT_TOKENS=1`)."""

@@ -14,7 +14,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from sidecar.admin.answers import Answers
-from sidecar.admin.auth import AuthPolicy, read_token
+from sidecar.admin.auth import AuthPolicy
 from sidecar.admin.directory import Directory
 from sidecar.admin.retained import IndexSource, NoRetainedIndex, RetainedSource
 from sidecar.admin.server import AdminServer
@@ -25,7 +25,7 @@ from sidecar.observability.http import MetricsServer
 from sidecar.peering.handshake import Hello
 from sidecar.statuspage.access import page_access
 from sidecar.statuspage.pages import StatusPage
-from sidecar.tokens import check_not_default
+from sidecar.tokens import check_not_default, configured_token
 
 if TYPE_CHECKING:
     from sidecar.node.facts import NodeView
@@ -74,8 +74,7 @@ class AdminService:
 
     def _policy(self) -> tuple[AuthPolicy, str | None]:
         admin = self.node.config["admin"]
-        token = admin["token"] or (read_token(admin["token_file"]) if admin["token_file"]
-                                   else None)
+        token = configured_token(admin, "admin token") or None
         check_not_default(token, "admin token", os.environ)
         return AuthPolicy(token, admin["dev_mode"]), token
 

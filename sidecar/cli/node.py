@@ -15,7 +15,7 @@ from sidecar.logs import setup_logging
 from sidecar.membership.etcd import MembershipError
 from sidecar.observability.http import MetricsServerError
 from sidecar.private_files import make_private
-from sidecar.tokens import AuthError, read_token
+from sidecar.tokens import AuthError, configured_token
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -42,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
             links = ""
             if config["routing"]["links"]:  # the password peers' links give (from the token)
                 from sidecar.routing.links_wiring import link_secret
-                grpc = config["grpc"]
-                links = link_secret(grpc["token"]
-                                    or read_token(grpc["token_file"], "peer token"))
+                links = link_secret(configured_token(config["grpc"], "peer token"))
             print(render_mosquitto_conf(config, layout, layout.prepare(), links), end="")
             layout.prepare_socket_dir()  # Mosquitto, started by you, binds the socket there
             return 0

@@ -53,7 +53,7 @@ from sidecar.routing.links_wiring import LinkWiring, link_secret
 from sidecar.routing.service import RoutingService
 from sidecar.routing.table import InterestChange, SubscriptionTable
 from sidecar.sessions.service import SessionService
-from sidecar.tokens import AuthError, check_not_default, read_token
+from sidecar.tokens import AuthError, check_not_default, configured_token
 from sidecar.wills.service import WillService
 
 log = logging.getLogger("mqfed.node")
@@ -249,8 +249,7 @@ class Node:
         """The shared peer token ("" for none: then, without mutual TLS either, say that anyone
         reaching the port may join, unless it is loopback only)."""
         grpc_cfg = self.config["grpc"]
-        token = grpc_cfg["token"] or (read_token(grpc_cfg["token_file"], "peer token")
-                                      if grpc_cfg["token_file"] else "")
+        token = configured_token(grpc_cfg, "peer token")
         check_not_default(token, "peer token", os.environ)
         if not token and self.peer_tls is None and not is_loopback(grpc_cfg["listen"]):
             log.warning("the peer port accepts any sidecar that can reach it: set grpc.token "

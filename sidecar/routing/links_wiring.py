@@ -128,20 +128,23 @@ class LinkWiring:
 
     async def _progress(self, peer: str) -> tuple[int, int] | None:
         """(records taken, records PUBACKed) of the link to `peer` (None: no such link)."""
-        reply = await self.request("stats")
-        for link in (reply.fields.get("links") or {}).get("list", ()):
+        for link in (await self._plugin_links()).get("list", ()):
             if link.get("peer") == peer:
                 return int(link.get("records", 0)), int(link.get("acked_records", 0))
         return None
+
+    async def _plugin_links(self) -> dict[str, Any]:
+        """The plugin's `links` counters (its `stats` command)."""
+        reply = await self.request("stats")
+        return reply.fields.get("links") or {}
 
     async def _read_stats(self) -> None:
         while True:
             await asyncio.sleep(STATS_EVERY)
             try:
-                reply = await self.request("stats")
+                self.plugin = await self._plugin_links()
             except Exception:  # the link to the plugin is down: it comes back
                 continue
-            self.plugin = reply.fields.get("links") or {}
 
     async def _resolve(self, hello: Hello) -> None:
         split = _split(hello.mqtt_address)
@@ -189,11 +192,7 @@ class LinkWiring:
                 {"peer": p, "host": h, "port": port, "username": LINK_USERNAME,
                  "password": self.secret} for p, h, port in action.links]})]
         assert isinstance(action, SetLinkFilters)
-        out: list[tuple[str, dict[str, Any]]] = []
-        for i in range(0, len(action.remove), FILTERS_PER_COMMAND):
-            out.append(("link_filters", {"peer": action.peer, "add": [],
-                                         "remove": list(action.remove[i:i + FILTERS_PER_COMMAND])}))
-        for i in range(0, len(action.add), FILTERS_PER_COMMAND):
-            out.append(("link_filters", {"peer": action.peer, "remove": [],
-                                         "add": list(action.add[i:i + FILTERS_PER_COMMAND])}))
-        return out
+        return [("link_filters", {"peer": action.peer, "add": [], "remove": [],
+                                  kind: list(filters[i:i + FILTERS_PER_COMMAND])})
+                for kind, filters in (("remove", action.remove), ("add", action.add))
+                for i in range(0, len(filters), FILTERS_PER_COMMAND)]

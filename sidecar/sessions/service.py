@@ -573,11 +573,10 @@ class SessionService:
         ok = False
         client = action.client
         cut_mode = self._cuts_with(action.owner)
-        if client in self._unpublished:
-            # a hand-off's record goes ahead of the barrier: its target's copy queues from it
-            # on (sent after it, the other peers' barriers could pass first, and what they
-            # routed next was refused by both copies: a rolling restart lost 1 message)
-            self._publish(client)
+        # a hand-off's record (if not sent yet) goes ahead of the barrier: its target's copy
+        # queues from it on (sent after it, the other peers' barriers could pass first, and
+        # what they routed next was refused by both copies: a rolling restart lost 1 message)
+        self._publish(client)
         await self._sync(client, first=action.owner if action.handed_off else None)
         cuts = OldCopyCuts()
         if cut_mode:

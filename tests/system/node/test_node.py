@@ -200,25 +200,22 @@ def test_user_settings_are_included_and_preserved(nodes, tmp_path, readable_dir)
 
 def test_print_mosquitto_conf(tmp_path):
     path = tmp_path / "n.toml"
-    path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n')
-    try:
-        result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config",
-                                 str(path), "--print-mosquitto-conf"], cwd=REPO,
-                                capture_output=True, text=True)
-    finally:
-        NodeLayout(tmp_path / "n1").remove_fallback_socket_dir()
-    assert result.returncode == 0, result.stderr
-    assert "plugin_opt_sidecar_secret" in result.stdout
-    assert "listener 0 /" in result.stdout and "mosquitto.sock" in result.stdout
-    assert "plugin_opt_link_secret" not in result.stdout
+
+    def printed(extra: str = "") -> str:
+        path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n{extra}')
+        try:
+            result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config",
+                                     str(path), "--print-mosquitto-conf"], cwd=REPO,
+                                    capture_output=True, text=True)
+        finally:
+            NodeLayout(tmp_path / "n1").remove_fallback_socket_dir()
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    out = printed()
+    assert "plugin_opt_sidecar_secret" in out
+    assert "listener 0 /" in out and "mosquitto.sock" in out
+    assert "plugin_opt_link_secret" not in out
     # routing.links: the password peers' links give, derived from the peer token
-    path.write_text(f'[node]\nid = "n1"\nrun_dir = "{tmp_path}/n1"\n[grpc]\n'
-                    f'token = "{"k" * 32}"\n[routing]\nlinks = true\n')
-    try:
-        result = subprocess.run([sys.executable, "-m", "sidecar.cli", "node", "--config",
-                                 str(path), "--print-mosquitto-conf"], cwd=REPO,
-                                capture_output=True, text=True)
-    finally:
-        NodeLayout(tmp_path / "n1").remove_fallback_socket_dir()
-    assert result.returncode == 0, result.stderr
-    assert f"plugin_opt_link_secret {link_secret('k' * 32)}" in result.stdout.splitlines()
+    out = printed(f'[grpc]\ntoken = "{"k" * 32}"\n[routing]\nlinks = true\n')
+    assert f"plugin_opt_link_secret {link_secret('k' * 32)}" in out.splitlines()

@@ -41,26 +41,24 @@ def _props(i: int) -> Properties:
     return props
 
 
-def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_factory):
-    """A publisher on n1, subscribers on n2 and n3 (one per QoS: Mosquitto 2.0.11 may
-    reorder one client's QoS 1 and QoS 2 deliveries, capture or not): every message arrives
-    once, in order, with its properties, n1's sidecar got them as records (no MQTT copies on
-    `.fwd`) and sent them on as records."""
-    cluster = cluster_factory(3, env=CAPTURE)
+def qos_runs_in_order_with_properties(cluster, prefix: str, count: int = 300) -> list[Client]:
+    """Subscribers on n2 and n3 (one per QoS: Mosquitto 2.0.11 may reorder one client's QoS
+    1 and QoS 2 deliveries), `count` messages of each QoS with properties from n1: every
+    QoS 1/2 message arrives once and in order, QoS 0 in order, each with its properties.
+    Returns the clients (the publisher first) for the caller to close."""
     subs = {}
     for node in ("n2", "n3"):
         for qos in (0, 1, 2):
-            sub = Client(cluster.ports[node], f"cap-sub-{node}-{qos}")
+            sub = Client(cluster.ports[node], f"{prefix}-sub-{node}-{qos}")
             assert sub.wait_connected()
-            sub.subscribe(f"cap/q{qos}", qos=qos)
-            cluster.wait_interest(node, f"cap/q{qos}")
+            sub.subscribe(f"{prefix}/q{qos}", qos=qos)
+            cluster.wait_interest(node, f"{prefix}/q{qos}")
             subs[node, qos] = sub
-    pub = Client(cluster.ports["n1"], "cap-pub")
+    pub = Client(cluster.ports["n1"], f"{prefix}-pub")
     assert pub.wait_connected()
-    count = 300
     for i in range(count):
         for qos in (0, 1, 2):
-            pub.publish(f"cap/q{qos}", str(i).encode(), qos=qos, wait=False,
+            pub.publish(f"{prefix}/q{qos}", str(i).encode(), qos=qos, wait=False,
                         properties=_props(i))
         time.sleep(0.002)  # (a burst makes Mosquitto drop QoS 0 on a loaded machine)
     for (node, qos), sub in subs.items():
@@ -84,6 +82,17 @@ def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_facto
             assert p.CorrelationData == b"\x00c" + m.payload
             assert p.ResponseTopic == f"reply/{n}"
             assert 290 <= p.MessageExpiryInterval <= 300
+    return [pub, *subs.values()]
+
+
+def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_factory):
+    """A publisher on n1, subscribers on n2 and n3 (one per QoS: Mosquitto 2.0.11 may
+    reorder one client's QoS 1 and QoS 2 deliveries, capture or not): every message arrives
+    once, in order, with its properties, n1's sidecar got them as records (no MQTT copies on
+    `.fwd`) and sent them on as records."""
+    cluster = cluster_factory(3, env=CAPTURE)
+    count = 300
+    clients = qos_runs_in_order_with_properties(cluster, "cap", count)
     capture = _capture(cluster, "n1")
     assert capture.get("connected") and capture["records"] >= 3 * count, capture
     wait_for(lambda: _capture(cluster, "n1")["pending"] == 0, 10, "every record settled")
@@ -94,9 +103,8 @@ def test_qos_0_1_2_cross_nodes_in_order_with_properties_as_records(cluster_facto
     for node in ("n2", "n3"):
         assert cluster.routing(node)["records_received"] >= 2 * count
         assert cluster.routing(node)["invalid"] == 0
-    pub.close()
-    for sub in subs.values():
-        sub.close()
+    for client in clients:
+        client.close()
 
 
 def test_a_killed_origin_sidecar_loses_nothing(cluster_factory):

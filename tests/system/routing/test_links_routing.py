@@ -9,7 +9,7 @@ import time
 
 from tests.harness.procs import wait_for
 from tests.system.node.mqtt import Client
-from tests.system.routing.test_capture_routing import _props
+from tests.system.routing.test_capture_routing import qos_runs_in_order_with_properties
 
 LINKS = {"MQFED_ROUTING_LINKS": "true"}
 
@@ -35,45 +35,15 @@ def test_links_carry_qos_0_1_2_across_nodes_in_order_with_properties(cluster_fac
     its sidecar's peer streams carried any."""
     cluster = cluster_factory(3, env=LINKS)
     _carrying(cluster)
-    subs = {}
-    for node in ("n2", "n3"):
-        for qos in (0, 1, 2):
-            sub = Client(cluster.ports[node], f"link-sub-{node}-{qos}")
-            assert sub.wait_connected()
-            sub.subscribe(f"link/q{qos}", qos=qos)
-            cluster.wait_interest(node, f"link/q{qos}")
-            subs[node, qos] = sub
-    pub = Client(cluster.ports["n1"], "link-pub")
-    assert pub.wait_connected()
     count = 300
-    for i in range(count):
-        for qos in (0, 1, 2):
-            pub.publish(f"link/q{qos}", str(i).encode(), qos=qos, wait=False,
-                        properties=_props(i))
-        time.sleep(0.002)
-    for (node, qos), sub in subs.items():
-        if qos:
-            wait_for(lambda s=sub: len(s.messages) >= count, 30, f"QoS {qos} on {node}")
-        else:
-            time.sleep(0.5)
-        values = [int(m.payload) for m in sub.messages]
-        if qos:
-            assert values == list(range(count)), (node, qos, len(values))
-        else:  # QoS 0 may drop, never reorder or duplicate
-            assert values and values == sorted(set(values)), (node, qos, len(values))
-        for m in sub.messages:
-            n = m.payload.decode()
-            assert m.properties.UserProperty == [("n", n), ("k", "v")], m.properties
-            assert m.properties.CorrelationData == b"\x00c" + m.payload
-            assert 290 <= m.properties.MessageExpiryInterval <= 300
+    clients = qos_runs_in_order_with_properties(cluster, "link", count)
     wait_for(lambda: _link_records(cluster, "n1", "n2") >= 3 * count
              and _link_records(cluster, "n1", "n3") >= 3 * count, 10, "n1's link counters")
     assert cluster.routing("n1")["capture"]["records"] == 0  # nothing through the sidecar
     assert cluster.routing("n1").get("records_sent", 0) == 0
     assert cluster.routing("n1")["forwarded"] == 0
-    pub.close()
-    for sub in subs.values():
-        sub.close()
+    for client in clients:
+        client.close()
 
 
 def test_an_unsubscribe_takes_its_filter_off_the_link(cluster_factory):
